@@ -1,0 +1,100 @@
+"""Shared test helpers: backends, conversions and tolerances.
+
+* JAX runs in float64 for the tests (``jax_enable_x64``); float32 tests ask
+  for float32 explicitly.
+* The ``xp_name`` fixture runs a test once on JAX and once on MLX.  MLX comes
+  from ``mlx[cpu]`` on Linux; with ``ATTN_REQUIRE_MLX=1`` (set by ``make
+  test``) a missing MLX is an error, so CI cannot silently skip it.
+* Shapes in property tests are few and fixed so JAX compiles each once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+jax.config.update("jax_enable_x64", True)
+
+from attn_tensors.backend import mlx_available, namespace  # noqa: E402
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    max_examples=25,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
+)
+settings.load_profile("default")
+
+REQUIRE_MLX = os.environ.get("ATTN_REQUIRE_MLX") == "1"
+
+if REQUIRE_MLX and not mlx_available():  # pragma: no cover
+    raise RuntimeError("ATTN_REQUIRE_MLX=1 but mlx cannot be imported")
+
+requires_mlx = pytest.mark.skipif(not mlx_available(), reason="MLX not installed")
+
+BACKENDS = [
+    pytest.param("jax", id="jax"),
+    pytest.param("mlx", id="mlx", marks=[pytest.mark.mlx, requires_mlx]),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def xp_name(request) -> str:
+    """'jax' or 'mlx': run the test once per backend."""
+    return request.param
+
+
+def to_backend(x, name: str, dtype=None):
+    """A NumPy array (or number) as a JAX or MLX array.
+
+    MLX arrays are float32 unless ``dtype`` says otherwise; JAX keeps the
+    NumPy dtype (float64 in these tests).
+    """
+    x = np.asarray(x)
+    if name == "mlx":
+        import mlx.core as mx
+
+        if x.dtype == np.bool_:
+            return mx.array(x)
+        return mx.array(x.astype(np.float32) if dtype is None else x, dtype=dtype)
+    import jax.numpy as jnp
+
+    return jnp.asarray(x, dtype=dtype)
+
+
+def to_np(x) -> np.ndarray:
+    """Any array (JAX, MLX, NumPy, tuple of them) as float64 NumPy."""
+    if isinstance(x, (tuple, list)):
+        return [to_np(v) for v in x]
+    return np.asarray(x).astype(np.float64) if np.asarray(x).dtype != np.bool_ else np.asarray(x)
+
+
+def tol(name: str) -> dict:
+    """Tolerances for comparing a backend's result with a float64 reference."""
+    return dict(rtol=2e-5, atol=2e-5) if name == "mlx" else dict(rtol=1e-10, atol=1e-12)
+
+
+def assert_close(got, want, name: str = "jax", **kw):
+    opts = tol(name)
+    opts.update(kw)
+    np.testing.assert_allclose(to_np(got), to_np(want), **opts)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def random_qkv(rng, batch=(), n_q=3, n_k=4, d_k=5, d_v=2):
+    Q = rng.standard_normal(batch + (n_q, d_k))
+    K = rng.standard_normal(batch + (n_k, d_k))
+    V = rng.standard_normal(batch + (n_k, d_v))
+    return Q, K, V
+
+
+__all__ = ["namespace", "to_backend", "to_np", "tol", "assert_close", "random_qkv"]
