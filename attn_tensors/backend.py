@@ -192,6 +192,106 @@ class Backend:
             return mx.moveaxis(cols, 0, -1)
         return jax.jacfwd(f)(x)
 
+    # -- added for efficient attention --------------------------------------
+    # Loops, custom gradients, compilation and the fused attention kernel are
+    # spelled differently by the two frameworks; these adapters give them one
+    # spelling.  On MLX the loop indices are Python ints (the loops unroll
+    # into MLX's lazy graph); on JAX they are traced and the loops stay loops
+    # in XLA, so the blocks of flash attention are never materialised at once.
+
+    def fori_loop(self, lower: Any, upper: Any, body: Callable, init: Any) -> Any:
+        """carry <- body(t, carry) for t = lower, ..., upper - 1 (bounds may be traced on JAX)."""
+        if self.name == "mlx":
+            carry = init
+            for t in range(int(lower), int(upper)):
+                carry = body(t, carry)
+            return carry
+        return jax.lax.fori_loop(lower, upper, body, init)
+
+    def scan(self, f: Callable, init: Any, n: int) -> tuple[Any, Any]:
+        """(carry, ys): carry, y_t = f(carry, t) for t < n; the ys stacked on a new axis 0.
+
+        ``y_t`` is an array or a tuple of arrays.
+        """
+        if self.name == "mlx":
+            mx = self.module
+            carry, ys = init, []
+            for t in range(int(n)):
+                carry, y = f(carry, t)
+                ys.append(y)
+            if isinstance(ys[0], tuple):
+                return carry, tuple(mx.stack(list(col)) for col in zip(*ys))
+            return carry, mx.stack(ys)
+        return jax.lax.scan(f, init, jnp.arange(int(n)))
+
+    def custom_vjp(self, fun: Callable, bwd: Callable) -> Callable:
+        """``fun`` with the gradient ``bwd(primals, outputs, cotangents) -> grads``.
+
+        ``fun(*primals)`` returns a tuple of arrays; ``bwd`` returns one
+        gradient per primal (None for a non-differentiable one, e.g. a mask).
+        The primals and outputs are the only residuals kept for the backward.
+        """
+        if self.name == "mlx":
+            mx = self.module
+            f = mx.custom_function(fun)
+
+            @f.vjp
+            def f_vjp(primals, cotangents, outputs):
+                grads = bwd(tuple(primals), tuple(outputs), tuple(cotangents))
+                return tuple(
+                    mx.zeros_like(p) if g is None else g for p, g in zip(primals, grads)
+                )
+
+            return f
+        f = jax.custom_vjp(fun)
+
+        def f_fwd(*primals):
+            outputs = fun(*primals)
+            return outputs, (primals, outputs)
+
+        def f_bwd(res, cotangents):
+            primals, outputs = res
+            return tuple(bwd(primals, outputs, tuple(cotangents)))
+
+        f.defvjp(f_fwd, f_bwd)
+        return f
+
+    def compile(self, f: Callable) -> Callable:
+        """``jax.jit(f)`` or ``mx.compile(f)``."""
+        if self.name == "mlx":
+            return self.module.compile(f)
+        return jax.jit(f)
+
+    def fused_sdpa(self, Q: Any, K: Any, V: Any, mask: Any, scale: float) -> Any:
+        """O^{ib} = softmax_j(scale Q^{ia} K^{ja}, mask) V^{jb} by the framework's fused kernel.
+
+        ``mx.fast.scaled_dot_product_attention`` (layout (B, heads, n, d)) or
+        ``jax.nn.dot_product_attention`` (layout (B, n, heads, d), d_v = d_k;
+        a zero padding of the feature axes makes them equal).  Q, K, V are
+        (B, n, d); ``mask`` is None or boolean broadcasting to (B, n_q, n_k).
+        A fully masked row is NOT zero here (both kernels average V): the
+        caller fixes that up.
+        """
+        if self.name == "mlx":
+            mx = self.module
+            m = None if mask is None else mask[:, None]
+            O = mx.fast.scaled_dot_product_attention(
+                Q[:, None], K[:, None], V[:, None], scale=scale, mask=m
+            )
+            return O[:, 0]
+        d_k, d_v = Q.shape[-1], V.shape[-1]
+        d = max(d_k, d_v)
+        if d_k < d:
+            pad = [(0, 0), (0, 0), (0, d - d_k)]
+            Q, K = jnp.pad(Q, pad), jnp.pad(K, pad)
+        if d_v < d:
+            V = jnp.pad(V, [(0, 0), (0, 0), (0, d - d_v)])
+        m = None if mask is None else mask[:, None]
+        O = jax.nn.dot_product_attention(
+            Q[:, :, None], K[:, :, None], V[:, :, None], mask=m, scale=scale
+        )
+        return O[:, :, 0, :d_v]
+
 
 _JAX = Backend("jax", jnp)
 
