@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import batch_shape, check_finite, require_match, require_ndim
+from ._checks import AttentionInputError, batch_shape, check_finite, require_match, require_ndim
 from .backend import Backend, namespace
 from .bilinear import bilinear_form_batch
 from .softmax import softmax_and_log_partition
@@ -53,7 +53,7 @@ def attention_scores(Q: Any, K: Any, g: Any = None, *, scale: float | None = Non
     check_finite(xp, Q=Q, K=K)
     if g is not None:
         if scale is not None:
-            raise ValueError("pass either a metric g or a scale, not both")
+            raise AttentionInputError("pass either a metric g or a scale, not both")
         return bilinear_form_batch(Q, K, xp.asarray(g, dtype=Q.dtype))
     d_k = Q.shape[-1]
     scale = 1.0 / float(np.sqrt(d_k)) if scale is None else float(scale)
@@ -126,9 +126,10 @@ def attention_decomposition(
 ) -> AttentionParts:
     """S^{ij} = Q^{ia} g_{ab} K^{jb},  A^{ij} = exp(S^{ij}/T - log Z^i),  O^{ib} = A^{ij} V^{jb}."""
     xp = namespace(Q, K, V, mask, g)
-    V = xp.asarray(V)
+    K, V = xp.asarray(K), xp.asarray(V)
+    require_ndim(K, "K", "ja")
     require_ndim(V, "V", "jb")
-    require_match("j", ("K", "n_k", xp.asarray(K).shape[-2]), ("V", "n_k", V.shape[-2]))
+    require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
     check_finite(xp, V=V)
     S = attention_scores(Q, K, g, scale=scale)
     A, log_Z = softmax_and_log_partition(S, mask, T, xp)

@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import AttentionInputError, require_match, require_ndim, require_square
+from ._checks import (
+    AttentionInputError,
+    batch_shape,
+    require_match,
+    require_ndim,
+    require_square,
+)
 from .backend import Backend, namespace
 
 __all__ = [
@@ -112,6 +118,7 @@ def lower_index(v: Any, g: Any) -> Any:
     require_ndim(v, "v", "b")
     require_square(g, "g")
     require_match("b", ("g", "d", g.shape[-1]), ("v", "d", v.shape[-1]))
+    batch_shape((g, 2), (v, 1))
     # v_a = g_{ab} v^b
     return xp.einsum("...ab,...b->...a", g, v)
 
@@ -126,7 +133,7 @@ def raise_index(u: Any, g: Any) -> Any:
     require_ndim(u, "u", "b")
     require_square(g, "g")
     require_match("b", ("g", "d", g.shape[-1]), ("u", "d", u.shape[-1]))
-    shape = np.broadcast_shapes(tuple(g.shape[:-2]), tuple(u.shape[:-1]))
+    shape = batch_shape((g, 2), (u, 1))
     g_b = xp.broadcast_to(g, shape + tuple(g.shape[-2:]))
     u_b = xp.broadcast_to(u, shape + (u.shape[-1],))
     return xp.solve(g_b, u_b[..., None])[..., 0]
@@ -141,6 +148,7 @@ def bilinear_form(u: Any, v: Any, M: Any) -> Any:
     require_ndim(M, "M", "ab")
     require_match("a", ("M", "rows", M.shape[-2]), ("u", "d", u.shape[-1]))
     require_match("b", ("M", "columns", M.shape[-1]), ("v", "d", v.shape[-1]))
+    batch_shape((u, 1), (M, 2), (v, 1))
     # B = u^a M_{ab} v^b
     return xp.einsum("...a,...ab,...b->...", u, M, v)
 
@@ -159,6 +167,7 @@ def bilinear_form_batch(Q: Any, K: Any, g: Any) -> Any:
     require_ndim(g, "g", "ab")
     require_match("a", ("g", "rows", g.shape[-2]), ("Q", "d_k", Q.shape[-1]))
     require_match("b", ("g", "columns", g.shape[-1]), ("K", "d_k", K.shape[-1]))
+    batch_shape((Q, 2), (g, 2), (K, 2))
     # K_lower_{ja} = g_{ab} K^{jb}, then S^{ij} = Q^{ia} K_lower_{ja}
     K_lower = xp.einsum("...ab,...jb->...ja", g, K)
     return xp.einsum("...ia,...ja->...ij", Q, K_lower)

@@ -76,7 +76,7 @@ def test_metric_and_default_scale_agree(rng):
     M = rng.standard_normal((D_K, D_K))
     np.testing.assert_allclose(at.attention_scores(jnp.asarray(Q), jnp.asarray(K), jnp.asarray(M)), Q @ M @ K.T, rtol=1e-12)
     np.testing.assert_allclose(at.attention_scores(jnp.asarray(Q), jnp.asarray(K), scale=1.0), Q @ K.T, rtol=1e-12)
-    with pytest.raises(ValueError, match="either a metric g or a scale"):
+    with pytest.raises(AttentionInputError, match="either a metric g or a scale"):
         at.attention_scores(jnp.asarray(Q), jnp.asarray(K), jnp.asarray(M), scale=1.0)
 
 
