@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from .backend import Backend, is_concrete
 
 __all__ = [
@@ -85,14 +87,23 @@ def batch_shape(*arrays_and_core: tuple[Any, int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _values(x: Any) -> np.ndarray:
+    """The values of a concrete array as NumPy.
+
+    Going through NumPy (not the backend) keeps the check out of any JAX
+    trace: a concrete array captured by a jitted function stays concrete.
+    """
+    return np.asarray(x)
+
+
 def check_temperature(T: Any, xp: Backend | None = None) -> None:
     """T must be a positive finite number (when its value is known)."""
     if isinstance(T, (int, float)):
         bad = not (T > 0) or math.isinf(T) or math.isnan(T)
         value = T
-    elif is_concrete(T) and xp is not None:
-        arr = xp.asarray(T)
-        bad = xp.any_true(~(arr > 0)) or xp.any_true(~xp.isfinite(arr))
+    elif is_concrete(T):
+        arr = _values(T)
+        bad = bool(np.any(~(arr > 0)) or np.any(~np.isfinite(arr)))
         value = arr
     else:
         return
@@ -109,8 +120,9 @@ def check_finite(xp: Backend, **arrays: Any) -> None:
     for name, x in arrays.items():
         if x is None or not hasattr(x, "shape") or not is_concrete(x):
             continue
-        if xp.any_true(~xp.isfinite(x)):
-            n_bad = int(xp.sum(~xp.isfinite(x)).item())
+        values = _values(x)
+        if not np.all(np.isfinite(values)):
+            n_bad = int(np.sum(~np.isfinite(values)))
             raise AttentionInputError(
                 f"{name} contains {n_bad} NaN or infinite value(s); "
                 "attention needs finite inputs (use a mask to exclude keys)"

@@ -239,3 +239,13 @@ def test_mlx_float64():
     O = at.scaled_dot_product_attention(Q, K, K)
     assert O.dtype == mx.float64
     assert_close(O, at.scaled_dot_product_attention(jnp.eye(2), jnp.asarray(to_np(K)), jnp.asarray(to_np(K))), "jax", rtol=1e-6)
+
+
+def test_closure_captured_arrays_under_jit(rng):
+    """A concrete array captured by a jitted function is still checked, not a trace error."""
+    Q, K, V = (jnp.asarray(x) for x in random_qkv(rng))
+    S = at.attention_scores(Q, K)
+    A = jax.jit(lambda T: at.attention_weights(S, T=2.0) * T)(1.0)
+    np.testing.assert_allclose(A, at.attention_weights(S, T=2.0), rtol=1e-12)
+    O = jax.jit(lambda q: at.scaled_dot_product_attention(q, K, V, T=jnp.array(0.5)))(Q)
+    np.testing.assert_allclose(O, at.scaled_dot_product_attention(Q, K, V, T=0.5), rtol=1e-12)
