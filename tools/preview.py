@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,20 @@ def main(pages: list[str]) -> int:
             if extra.is_file():
                 shutil.copy2(extra, tmp / rel.parent / extra.name)
         entries.append(str(rel.with_suffix("")))
+    # Labels of the chapters that are not in this preview get stub pages, and
+    # the bibliography page comes along, so cross-references resolve.
+    text = "".join((ROOT / p).read_text() for p in pages)
+    stubs = []
+    for label in sorted(set(re.findall(r"\{ref\}`((?:ch|app)-[\w-]+)`", text))):
+        if f"({label})=" not in text:
+            (tmp / f"stub-{label}.md").write_text(f"({label})=\n# Stub for {label}\n")
+            stubs.append(f"stub-{label}")
+    bib = ROOT / "chapters" / "bibliography.md"
+    if "chapters/bibliography" not in entries:
+        (tmp / "chapters").mkdir(exist_ok=True)
+        shutil.copy2(bib, tmp / "chapters" / "bibliography.md")
+        stubs.append("chapters/bibliography")
+    entries += stubs
     (tmp / "index.md").write_text("# Preview\n\n" + "\n".join(f"- {e}" for e in entries) + "\n")
     toc = "format: jb-book\nroot: index\nchapters:\n" + "".join(f"  - file: {e}\n" for e in entries)
     (tmp / "_toc.yml").write_text(toc)
