@@ -168,8 +168,10 @@ def _weight_entropy(xp: Backend, A: Any, m: Any) -> tuple[Any, Any]:
     keep = A > 0 if m is None else xp.logical_and(m, A > 0)
     # double where: log never sees a 0, and the gradient at A = 0 is 0, not NaN
     A_safe = xp.where(keep, A, xp.ones_like(A))
-    terms = xp.where(keep, A * xp.log(A_safe), xp.zeros_like(A_safe))
-    return -xp.sum(terms, axis=-1), keep
+    # -A log A term by term: A = 1 gives -(1 * 0) = -0.0, which the sum with
+    # the +0.0 start turns into +0.0 (a one-hot row prints 0, not -0)
+    terms = xp.where(keep, -A * xp.log(A_safe), xp.zeros_like(A_safe))
+    return xp.sum(terms, axis=-1) + 0.0, keep
 
 
 # -- distributions ---------------------------------------------------------------

@@ -545,3 +545,9 @@ def test_jit_with_traced_temperature(rng):
     assert_close(f(S, None, jnp.asarray(0.6)), ref(to_np(S), None, 0.6)["C"])
     sweep = jax.jit(sm.temperature_sweep)
     assert_close(sweep(S, jnp.asarray([0.6, 2.0])).heat_capacity[1], ref(to_np(S), None, 2.0)["C"])
+
+
+def test_one_hot_entropy_is_plus_zero(xp_name):
+    """A one-hot row has entropy +0.0 (not -0.0, which would print as '-0')."""
+    H = to_np(sm.entropy(to_backend(np.array([[1.0, 0.0, 0.0]]), xp_name)))
+    assert H[0] == 0.0 and not np.signbit(H[0])
