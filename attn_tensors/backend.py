@@ -219,6 +219,8 @@ class Backend:
             for t in range(int(n)):
                 carry, y = f(carry, t)
                 ys.append(y)
+            if not ys:
+                return carry, None
             if isinstance(ys[0], tuple):
                 return carry, tuple(mx.stack(list(col)) for col in zip(*ys))
             return carry, mx.stack(ys)
