@@ -10,7 +10,13 @@ STAMP  := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: book pdf test bench venv clean
+# Debian packages: TeX Live for the PDF, Chromium and poppler for the reader tests.
+APT_PDF  := texlive-latex-extra texlive-fonts-recommended texlive-xetex latexmk \
+            tex-gyre fonts-freefont-otf poppler-utils
+APT_TEST := $(APT_PDF) chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: book pdf test bench venv clean apt-pdf apt-test
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -19,17 +25,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[all]"
 	touch $@
 
+# Install the Debian packages a target needs, once (skipped when present).
+apt-pdf:
+	@command -v latexmk >/dev/null && command -v pdftotext >/dev/null || \
+	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PDF); }
+
+apt-test:
+	@command -v latexmk >/dev/null && command -v pdftotext >/dev/null && command -v chromium >/dev/null || \
+	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_TEST); } || \
+	  echo "warning: could not install $(APT_TEST); the reader tests will skip"
+
 book: $(STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
-pdf: $(STAMP)
+pdf: $(STAMP) apt-pdf
 	$(BIN)/jupyter-book build . -W -n --keep-going --builder pdflatex
+	@echo "PDF: _build/latex/book.pdf"
 
-test: $(STAMP)
+test: $(STAMP) apt-test
 	ATTN_REQUIRE_MLX=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_backward.py
+	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 clean:
 	rm -rf _build

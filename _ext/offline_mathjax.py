@@ -1,5 +1,10 @@
 """Serve MathJax from the book itself, so the HTML shows mathematics offline.
 
+It also leaves out sphinx-thebe's scripts, which Jupyter Book always adds:
+thebe runs code on a remote Binder (impossible offline), its configuration
+script is added twice (a JavaScript error on every page), and this book has
+no launch buttons.
+
 MathJax 3 comes from the PyPI package ``django-static-mathjax`` (plain static
 files; nothing of Django is imported).  At the end of an HTML build the
 ``tex-chtml`` bundle, its fonts and its TeX extensions are copied into
@@ -43,8 +48,22 @@ def _copy(app, exception):
             shutil.copytree(src / folder, dest / folder, dirs_exist_ok=True)
 
 
+def _drop_thebe(app, pagename, templatename, context, doctree):
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+
+    def is_thebe(js) -> bool:
+        name = str(getattr(js, "filename", js) or "")
+        body = str(getattr(js, "attributes", {}).get("body", ""))
+        return "thebe" in name or "THEBE" in body or "thebe" in body
+
+    context["script_files"] = [js for js in scripts if not is_thebe(js)]
+
+
 def setup(app):
     mathjax_es5()  # fail early with a clear message
     app.config.mathjax_path = f"mathjax/{BUNDLE}"
     app.connect("build-finished", _copy)
+    app.connect("html-page-context", _drop_thebe)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
