@@ -17,7 +17,8 @@ from attn_tensors.softmax import apply_mask, log_partition, softmax, softmax_and
 from conftest import assert_close, to_backend, to_np
 
 SHAPE = (3, 5)  # the one shape the property tests use: JAX compiles once
-finite = st.floats(-30, 30, allow_nan=False, width=64)
+# XLA on the CPU flushes subnormal numbers to zero; property tests draw none.
+finite = st.floats(-30, 30, allow_nan=False, width=64, allow_subnormal=False)
 score_arrays = arrays(np.float64, SHAPE, elements=finite)
 mask_arrays = arrays(np.bool_, SHAPE)
 
@@ -61,7 +62,7 @@ def test_rows_sum_to_one_and_masked_keys_get_zero(S, mask):
     assert np.all(A >= 0)
 
 
-@given(score_arrays, st.floats(-1e3, 1e3))
+@given(score_arrays, st.floats(-1e3, 1e3, allow_subnormal=False))
 def test_shift_invariance(S, c):
     """Adding the same constant to every score of a row leaves the weights unchanged."""
     A1 = softmax(jnp.asarray(S))
@@ -69,7 +70,7 @@ def test_shift_invariance(S, c):
     np.testing.assert_allclose(A1, A2, rtol=1e-9, atol=1e-12)
 
 
-@given(score_arrays, st.floats(-1e3, 1e3))
+@given(score_arrays, st.floats(-1e3, 1e3, allow_subnormal=False))
 def test_log_partition_shifts_by_the_constant(S, c):
     """log Z(S + c) = log Z(S) + c/T."""
     np.testing.assert_allclose(log_partition(jnp.asarray(S + c), T=2.0), log_partition(jnp.asarray(S), T=2.0) + c / 2.0, rtol=1e-10, atol=1e-9)

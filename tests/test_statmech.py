@@ -181,9 +181,9 @@ def test_temperature_table_for_scores_2_1_0():
 
 # -- identities -------------------------------------------------------------------
 
-score_arrays = hnp.arrays(np.float64, (2, 3, 5), elements=st.floats(-6, 6))
+score_arrays = hnp.arrays(np.float64, (2, 3, 5), elements=st.floats(-6, 6, allow_subnormal=False))
 mask_arrays = hnp.arrays(np.bool_, (2, 3, 5))
-temperatures = st.floats(0.05, 20.0)
+temperatures = st.floats(0.05, 20.0, allow_subnormal=False)
 
 
 @given(S=score_arrays, mask=mask_arrays, T=temperatures)
@@ -338,7 +338,7 @@ def test_infinite_temperature_limit_is_the_large_T_softmax(rng):
 
 # -- the variational principle --------------------------------------------------------
 
-weights = hnp.arrays(np.float64, (2, 3, 5), elements=st.floats(0.0, 1.0))
+weights = hnp.arrays(np.float64, (2, 3, 5), elements=st.floats(0.0, 1.0, allow_subnormal=False))
 
 
 @given(S=score_arrays, q=weights, mask=mask_arrays, T=temperatures)
