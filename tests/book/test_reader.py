@@ -129,9 +129,11 @@ def _open(browser, server, page_path):
     page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url}") if urllib.parse.urlparse(r.url).netloc == origin else None)
     response = page.goto(f"{server}/{page_path}", wait_until="load")
     assert response is not None and response.ok, f"{page_path}: HTTP {response and response.status}"
-    # wait for MathJax to finish typesetting (it is served by the book itself)
-    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30000)
-    page.evaluate("() => MathJax.startup.promise")
+    # wait for MathJax to finish typesetting (it is served by the book itself;
+    # Sphinx loads it only on pages that have mathematics)
+    if page.locator("script[src*='mathjax']").count():
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30000)
+        page.evaluate("() => MathJax.startup.promise")
     return context, page, problems
 
 
