@@ -148,6 +148,11 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
 # -- the backward pass ---------------------------------------------------------
 
 
+def _score_gradient(A: Any, dL_dA: Any, D: Any, T: Any) -> Any:
+    """dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - D^i), D^i = sum_k A^{ik} dL/dA^{ik}."""
+    return A * (dL_dA - D[..., None]) / T
+
+
 def attention_backward(
     Q: Any,
     K: Any,
@@ -182,7 +187,7 @@ def attention_backward(
     )
     if g is not None:
         if scale is not None:
-            raise ValueError("pass either a metric g or a scale, not both")
+            raise AttentionInputError("pass either a metric g or a scale, not both")
         g = xp.asarray(g, dtype=Q.dtype)
     if parts is None:
         parts = attention_decomposition(Q, K, V, mask, T, g, scale=scale)
@@ -208,8 +213,11 @@ def attention_backward(
     dL_dV = xp.swap_last(xp.einsum("...ib,...ij->...bj", dL_dO, A))
     # dL/dA^{ij} = dL/dO^{ib} V^{jb}
     dL_dA = xp.einsum("...ib,...jb->...ij", dL_dO, V)
-    # dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - sum_k A^{ik} dL/dA^{ik})
-    dL_dS = softmax_backward(A, dL_dA, T)
+    # D^i = sum_k A^{ik} dL/dA^{ik} = sum_k A^{ik} dL/dO^{ib} V^{kb} = dL/dO^{ib} O^{ib}:
+    # the row sum of softmax_backward from the (n_q, d_v) output instead of an
+    # (n_q, n_k) product (the same identity flash attention's backward uses)
+    D = xp.einsum("...ib,...ib->...i", dL_dO, parts.O.astype(A.dtype))
+    dL_dS = _score_gradient(A, dL_dA, D, T)
     # P^{ja} = dL/dS^{ij} Q^{ia}   (shared by dL/dK and dL/dg)
     P = xp.swap_last(xp.einsum("...ia,...ij->...aj", Q, dL_dS))
     if g is None:
@@ -290,7 +298,7 @@ def autodiff_gradients(
     )
     if g is not None:
         if scale is not None:
-            raise ValueError("pass either a metric g or a scale, not both")
+            raise AttentionInputError("pass either a metric g or a scale, not both")
         g = xp.asarray(g, dtype=Q.dtype)
 
     def forward(Q, K, V):

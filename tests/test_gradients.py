@@ -361,15 +361,15 @@ def test_verify_with_metric_adds_dL_dg_before_all_correct(rng):
     assert all(v is True for v in res.values())
 
 
-def _without_row_sum(A, dL_dA, T=1.0):
-    """A classic slip: dL/dS = A dL/dA / T, forgetting - sum_k A^{ik} dL/dA^{ik}."""
+def _score_gradient_without_row_sum(A, dL_dA, D, T):
+    """The score gradient with the row-sum term D^i dropped (a classic slip)."""
     return A * dL_dA / T
 
 
 @pytest.mark.parametrize("method", ["autodiff", "finite_difference", "both"])
 def test_verify_detects_a_wrong_softmax_backward(method, monkeypatch):
     """With the row-sum term dropped, dL/dQ and dL/dK are flagged; dL/dV stays right."""
-    monkeypatch.setattr(gr, "softmax_backward", _without_row_sum)
+    monkeypatch.setattr(gr, "_score_gradient", _score_gradient_without_row_sum)
     res = verify_gradients(*seed_qkv(), method=method)
     assert res == {"dL_dQ": False, "dL_dK": False, "dL_dV": True, "all_correct": False}
     assert all(type(v) is bool for v in res.values())
@@ -400,7 +400,7 @@ def test_gradient_errors_are_python_floats_and_small(rng, monkeypatch):
         for e in err.values():
             assert type(e["max_abs"]) is float and type(e["max_rel"]) is float
             assert e["max_rel"] < (1e-12 if method == "autodiff" else 1e-7)
-    monkeypatch.setattr(gr, "softmax_backward", _without_row_sum)
+    monkeypatch.setattr(gr, "_score_gradient", _score_gradient_without_row_sum)
     err = gradient_errors(*args)
     assert err["dL_dQ"]["max_rel"] > 1e-2 and err["dL_dV"]["max_abs"] < 1e-12
 
