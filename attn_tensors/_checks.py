@@ -8,6 +8,7 @@ are concrete, i.e. outside ``jit``/``vmap``/``mx.compile``.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ from .backend import Backend, is_concrete
 
 __all__ = [
     "AttentionInputError",
+    "require_size",
+    "require_bool_mask",
     "require_ndim",
     "require_match",
     "require_square",
@@ -27,6 +30,30 @@ __all__ = [
 
 class AttentionInputError(ValueError):
     """Bad input to an ``attn_tensors`` function; the message says what is wrong."""
+
+
+def require_size(value: Any, name: str, minimum: int = 1) -> int:
+    """A Python int >= minimum (sizes, windows and offsets are static, never traced)."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise AttentionInputError(
+            f"{name} must be an integer; got {value!r} of type {type(value).__name__}"
+        ) from None
+    if n < minimum:
+        raise AttentionInputError(f"{name} must be >= {minimum}; got {name}={n}")
+    return n
+
+
+def require_bool_mask(xp: Backend, mask: Any, name: str = "mask") -> Any:
+    """The mask as a boolean backend array ("may attend" = True), or an error naming its dtype."""
+    mask = xp.asarray(mask)
+    if mask.dtype != xp.module.bool_:
+        raise AttentionInputError(
+            f"{name} must be boolean ('may attend' = True); got dtype {mask.dtype}. "
+            "Build it with a comparison (e.g. lengths[..., None] > j), not 0/1 numbers."
+        )
+    return mask
 
 
 def require_ndim(x: Any, name: str, indices: str, extra_ok: bool = True) -> None:

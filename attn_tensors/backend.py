@@ -23,6 +23,7 @@ import numpy as np
 __all__ = [
     "Backend",
     "namespace",
+    "namespace_for",
     "is_mlx",
     "mlx_available",
     "to_numpy",
@@ -301,6 +302,11 @@ _JAX = Backend("jax", jnp)
 @functools.cache
 def _mlx_backend() -> Backend:
     return Backend("mlx", _mlx())
+
+
+def namespace_for(like: Any = None) -> Backend:
+    """The backend of ``like`` (an array), or JAX when there is none: for constructors."""
+    return namespace(like) if like is not None else namespace()
 
 
 def namespace(*arrays: Any) -> Backend:

@@ -18,7 +18,7 @@ from ._checks import (
     require_ndim,
     require_square,
 )
-from .backend import Backend, namespace
+from .backend import Backend, namespace, namespace_for
 
 __all__ = [
     "euclidean_metric",
@@ -38,10 +38,6 @@ __all__ = [
 ]
 
 
-def _constructor_backend(like: Any) -> Backend:
-    return namespace(like) if like is not None else namespace()
-
-
 def _dtype(xp: Backend, like: Any, dtype: Any) -> Any:
     if dtype is not None:
         return dtype
@@ -55,7 +51,7 @@ def euclidean_metric(d: int, *, like: Any = None, dtype: Any = None) -> Any:
 
     ``like`` picks the backend (pass an MLX array to get an MLX metric).
     """
-    xp = _constructor_backend(like)
+    xp = namespace_for(like)
     if int(d) < 1:
         raise AttentionInputError(f"metric dimension d must be >= 1; got d={d}")
     return xp.eye(int(d), dtype=_dtype(xp, like, dtype))

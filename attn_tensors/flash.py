@@ -45,6 +45,7 @@ from ._checks import (
     batch_shape,
     check_finite,
     check_temperature,
+    require_bool_mask,
     require_match,
     require_ndim,
 )
@@ -319,11 +320,7 @@ def flash_attention(
     Q, K, V, scale = _prepare(xp, Q, K, V, T, scale)
     n_q, n_k = Q.shape[-2], K.shape[-2]
     if mask is not None:
-        mask = xp.asarray(mask)
-        if mask.dtype != xp.module.bool_:
-            raise AttentionInputError(
-                f"mask must be boolean ('may attend' = True); got dtype {mask.dtype}"
-            )
+        mask = require_bool_mask(xp, mask)
         require_ndim(mask, "mask", "j")
         require_match("j", ("K", "n_k", n_k), ("mask", "n_k", mask.shape[-1]))
     batch = batch_shape((Q, 2), (K, 2), (V, 2), *([(mask, 1)] if mask is not None else []))
@@ -386,11 +383,7 @@ def fast_attention(
     n_q, n_k, d_k, d_v = Q.shape[-2], K.shape[-2], Q.shape[-1], V.shape[-1]
     shapes = [(Q, 2), (K, 2), (V, 2)]
     if mask is not None:
-        mask = xp.asarray(mask)
-        if mask.dtype != xp.module.bool_:
-            raise AttentionInputError(
-                f"mask must be boolean ('may attend' = True); got dtype {mask.dtype}"
-            )
+        mask = require_bool_mask(xp, mask)
         try:
             np.broadcast_shapes(tuple(mask.shape[-2:]), (n_q, n_k))
         except ValueError as err:

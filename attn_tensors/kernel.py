@@ -26,7 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import AttentionInputError, check_finite, require_match, require_ndim
+from ._checks import (
+    AttentionInputError,
+    check_finite,
+    require_bool_mask,
+    require_match,
+    require_ndim,
+)
 from .attention import attention_scores, scaled_dot_product_attention
 from .backend import Backend, namespace
 from .softmax import softmax_and_log_partition
@@ -318,11 +324,7 @@ def linear_attention(
         "c", ("phi(Q)", "d_phi", phi_q.shape[-1]), ("phi(K)", "d_phi", phi_k.shape[-1])
     )
     if mask is not None:
-        mask = xp.asarray(mask)
-        if mask.dtype != xp.module.bool_:
-            raise AttentionInputError(
-                f"mask must be boolean ('may attend' = True); got dtype {mask.dtype}"
-            )
+        mask = require_bool_mask(xp, mask)
         require_ndim(mask, "mask", "j")
         require_match("j", ("K", "n_k", n_k), ("mask", "n_k", mask.shape[-1]))
         # padded keys: phi(k_j) = 0, so they add nothing to either sum

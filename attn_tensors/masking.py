@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import AttentionInputError
-from .backend import Backend, is_concrete, namespace
+from ._checks import AttentionInputError, require_bool_mask, require_size
+from .backend import Backend, is_concrete, namespace, namespace_for
 
 __all__ = [
     "causal_mask",
@@ -56,34 +56,6 @@ __all__ = [
 
 
 # -- small validators -------------------------------------------------------
-def _size(value: Any, name: str, minimum: int = 1) -> int:
-    """A Python int >= minimum (sizes, windows, offsets are static)."""
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise AttentionInputError(
-            f"{name} must be an integer; got {value!r} of type {type(value).__name__}"
-        ) from None
-    if n < minimum:
-        raise AttentionInputError(f"{name} must be >= {minimum}; got {name}={n}")
-    return n
-
-
-def _backend(like: Any) -> Backend:
-    return namespace(like) if like is not None else namespace()
-
-
-def _as_bool_mask(xp: Backend, mask: Any, name: str = "mask") -> Any:
-    """The mask as a boolean backend array, or an error naming its dtype."""
-    mask = xp.asarray(mask)
-    if mask.dtype != xp.module.bool_:
-        raise AttentionInputError(
-            f"{name} must be boolean ('may attend' = True); got dtype {mask.dtype}. "
-            "Build it with a comparison (e.g. lengths[..., None] > j), not 0/1 numbers."
-        )
-    return mask
-
-
 def _positions(xp: Backend, n_q: int, n_k: int, offset: int) -> tuple[Any, Any]:
     """Key positions of the queries, shape (n_q, 1), and of the keys, (1, n_k)."""
     i = xp.arange(n_q)[:, None] + offset  # query i sits at key position i + offset
@@ -113,10 +85,10 @@ def causal_mask(
     lower triangular).  Returns a boolean ``(n_q, n_k)`` array, MLX when
     ``like`` is an MLX array, JAX otherwise.
     """
-    n_q = _size(n_q, "n_q")
-    n_k = n_q if n_k is None else _size(n_k, "n_k")
+    n_q = require_size(n_q, "n_q")
+    n_k = n_q if n_k is None else require_size(n_k, "n_k")
     offset = _offset(n_q, n_k, offset)
-    xp = _backend(like)
+    xp = namespace_for(like)
     i, j = _positions(xp, n_q, n_k, offset)
     # M^{ij} = [j <= i + offset]
     return j <= i
@@ -143,11 +115,11 @@ def sliding_window_mask(
     ``window`` is keyword-only (a required argument after the optional
     ``n_k``).  ``n_k`` and ``offset`` default as in :func:`causal_mask`.
     """
-    n_q = _size(n_q, "n_q")
-    n_k = n_q if n_k is None else _size(n_k, "n_k")
+    n_q = require_size(n_q, "n_q")
+    n_k = n_q if n_k is None else require_size(n_k, "n_k")
     offset = _offset(n_q, n_k, offset)
-    window = _size(window, "window", minimum=1 if causal else 0)
-    xp = _backend(like)
+    window = require_size(window, "window", minimum=1 if causal else 0)
+    xp = namespace_for(like)
     p, j = _positions(xp, n_q, n_k, offset)
     if causal:
         # M^{ij} = [p - w < j <= p]
@@ -181,7 +153,7 @@ def padding_mask(
                 "a boolean key-valid array needs a key axis j; got a 0-d boolean"
             )
         n_valid = arr.shape[-1]
-        if n_k is not None and _size(n_k, "n_k") != n_valid:
+        if n_k is not None and require_size(n_k, "n_k") != n_valid:
             raise AttentionInputError(
                 f"valid has n_k={n_valid} but n_k={n_k} was given "
                 "(index j must match)"
@@ -199,7 +171,7 @@ def padding_mask(
             raise AttentionInputError(
                 "padding_mask from lengths needs n_k, the number of keys"
             )
-        n_k = _size(n_k, "n_k")
+        n_k = require_size(n_k, "n_k")
         if is_concrete(arr):
             lo, hi = int(xp.min(arr).item()), int(xp.max(arr).item())
             if lo < 0 or hi > n_k:
@@ -212,7 +184,7 @@ def padding_mask(
         # M^{bij} = [j < length^b], broadcast over i
         mask = j < arr[..., None, None]
     if n_q is not None:
-        n_q = _size(n_q, "n_q")
+        n_q = require_size(n_q, "n_q")
         mask = xp.broadcast_to(mask, tuple(mask.shape[:-2]) + (n_q, n_k))
     return mask
 
@@ -230,7 +202,7 @@ def combine_masks(*masks: Any) -> Any:
     if not present:
         return None
     xp = namespace(*present)
-    arrays = [_as_bool_mask(xp, m, f"mask {k}") for k, m in enumerate(present)]
+    arrays = [require_bool_mask(xp, m, f"mask {k}") for k, m in enumerate(present)]
     try:
         np.broadcast_shapes(*(tuple(m.shape) for m in arrays))
     except ValueError:
@@ -255,7 +227,7 @@ def mask_to_bias(mask: Any, dtype: Any = None) -> Any:
     for ``softmax(S + B)`` and ``softmax(S, mask)``, fully masked rows included.
     """
     xp = namespace(mask)
-    mask = _as_bool_mask(xp, mask)
+    mask = require_bool_mask(xp, mask)
     dtype = xp.result_float(mask) if dtype is None else dtype
     zero = xp.asarray(0.0, dtype=dtype)
     neg_inf = xp.asarray(-float("inf"), dtype=dtype)
@@ -271,7 +243,7 @@ def fully_masked_rows(mask: Any) -> Any:
     the library's softmax (never NaN).
     """
     xp = namespace(mask)
-    mask = _as_bool_mask(xp, mask)
+    mask = require_bool_mask(xp, mask)
     if mask.ndim < 1:
         raise AttentionInputError(
             f"mask must have a key axis j; got shape {tuple(mask.shape)}"

@@ -37,11 +37,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import AttentionInputError, require_match, require_ndim
+from ._checks import AttentionInputError, require_bool_mask, require_match, require_ndim
 from .attention import AttentionParts, attention_decomposition
 from .backend import Backend, namespace
 from .gradients import _sum_to_shape, attention_backward
-from .masking import _as_bool_mask, fully_masked_rows
+from .masking import fully_masked_rows
 from .statmech import entropy
 
 __all__ = [
@@ -138,7 +138,7 @@ def _group_mask(xp: Backend, mask: Any, H: int, H_kv: int, S_shape: tuple) -> An
     """The mask for S (..., H, n_q, n_k), reshaped for S as (..., H_kv, G, n_q, n_k)."""
     if mask is None:
         return None
-    mask = _as_bool_mask(xp, mask)
+    mask = require_bool_mask(xp, mask)
     try:
         np.broadcast_shapes(tuple(mask.shape), S_shape)
     except ValueError:

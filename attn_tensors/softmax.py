@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import AttentionInputError, check_temperature
+from ._checks import AttentionInputError, check_temperature, require_bool_mask
 from .backend import Backend, namespace
 
 __all__ = ["softmax", "log_partition", "softmax_and_log_partition", "apply_mask"]
@@ -30,11 +30,7 @@ __all__ = ["softmax", "log_partition", "softmax_and_log_partition", "apply_mask"
 def _mask_array(xp: Backend, mask: Any, S: Any) -> Any:
     if mask is None:
         return None
-    mask = xp.asarray(mask)
-    if mask.dtype != xp.module.bool_:
-        raise AttentionInputError(
-            f"mask must be boolean ('may attend' = True); got dtype {mask.dtype}"
-        )
+    mask = require_bool_mask(xp, mask)
     try:
         np.broadcast_shapes(tuple(mask.shape), tuple(S.shape))
     except (ValueError, TypeError) as err:

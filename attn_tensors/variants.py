@@ -29,7 +29,6 @@ fully-masked-row convention: weights 0, output 0, no NaN).
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -40,9 +39,10 @@ from ._checks import (
     check_finite,
     require_match,
     require_ndim,
+    require_size,
     require_square,
 )
-from .backend import Backend, namespace
+from .backend import Backend, namespace, namespace_for
 from .bilinear import learned_metric
 from .masking import _offset as _mask_offset
 from .masking import causal_mask, combine_masks
@@ -80,23 +80,6 @@ __all__ = [
 
 
 # -- small shared pieces -----------------------------------------------------
-def _size(value: Any, name: str, minimum: int = 1) -> int:
-    """A Python int >= minimum (sizes are static, never traced)."""
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise AttentionInputError(
-            f"{name} must be an integer; got {value!r} of type {type(value).__name__}"
-        ) from None
-    if n < minimum:
-        raise AttentionInputError(f"{name} must be >= {minimum}; got {name}={n}")
-    return n
-
-
-def _backend(like: Any) -> Backend:
-    return namespace(like) if like is not None else namespace()
-
-
 def _float_dtype(xp: Backend, like: Any, dtype: Any) -> Any:
     if dtype is not None:
         return dtype
@@ -220,12 +203,12 @@ def relative_position_index(
     Returns a NumPy ``int32`` array of shape ``(n_q, n_k)``: an index table
     built from sizes alone, used to gather from backend arrays.
     """
-    n_q = _size(n_q, "n_q")
-    n_k = n_q if n_k is None else _size(n_k, "n_k")
+    n_q = require_size(n_q, "n_q")
+    n_k = n_q if n_k is None else require_size(n_k, "n_k")
     diff = np.arange(n_q)[:, None] - np.arange(n_k)[None, :]  # i - j
     if max_distance is None:
         return (diff + (n_k - 1)).astype(np.int32)
-    D = _size(max_distance, "max_distance", minimum=0)
+    D = require_size(max_distance, "max_distance", minimum=0)
     return (np.clip(diff, -D, D) + D).astype(np.int32)
 
 
@@ -234,7 +217,7 @@ def _n_relative(n_q: int, n_k: int, max_distance: int | None) -> tuple[int, str]
         return n_q + n_k - 1, (
             f"offsets i - j in [-(n_k-1), n_q-1] need n_q + n_k - 1 = {n_q + n_k - 1}"
         )
-    D = _size(max_distance, "max_distance", minimum=0)
+    D = require_size(max_distance, "max_distance", minimum=0)
     return 2 * D + 1, f"max_distance={D} needs 2 * max_distance + 1 = {2 * D + 1}"
 
 
@@ -329,7 +312,7 @@ def rotary_frequencies(
     d: int, base: float = 10000.0, *, like: Any = None, dtype: Any = None
 ) -> Any:
     """theta_m = base^(-2m/d), m = 0 .. d/2 - 1: one angular frequency per pair."""
-    d = _size(d, "d")
+    d = require_size(d, "d")
     if d % 2:
         raise AttentionInputError(
             f"rotary embeddings rotate feature pairs (2m, 2m+1): d must be even; got d={d}"
@@ -338,7 +321,7 @@ def rotary_frequencies(
         raise AttentionInputError(
             f"base must be a positive finite number; got base={base!r}"
         )
-    xp = _backend(like)
+    xp = namespace_for(like)
     theta = np.asarray(base, dtype=np.float64) ** (-2.0 * np.arange(d // 2) / d)
     return xp.asarray(theta.astype(np.float64), dtype=_float_dtype(xp, like, dtype))
 
@@ -405,7 +388,7 @@ def rotary_form(delta: Any, d: int, base: float = 10000.0, *, like: Any = None) 
     a Python number.
     """
     ref = delta if hasattr(delta, "shape") else like
-    xp = _backend(ref)
+    xp = namespace_for(ref)
     theta = rotary_frequencies(d, base, like=ref)
     delta = xp.asarray(delta).astype(theta.dtype)
     # phi^{m} = delta theta_m
@@ -480,8 +463,8 @@ def alibi_slopes(n_heads: int, *, like: Any = None, dtype: Any = None) -> Any:
     every other slope of ``2 n0`` heads (``2^(-4h'/n0)`` for odd ``h'``)
     until there are ``n``.  Returns shape ``(n_heads,)``.
     """
-    n = _size(n_heads, "n_heads")
-    xp = _backend(like)
+    n = require_size(n_heads, "n_heads")
+    xp = namespace_for(like)
     return xp.asarray(
         np.asarray(_alibi_slopes_list(n), dtype=np.float64),
         dtype=_float_dtype(xp, like, dtype),
@@ -507,10 +490,10 @@ def alibi_bias(
     the symmetric extension used by bidirectional models, finite so that a
     causal mask (not the bias) removes those keys.
     """
-    n_q = _size(n_q, "n_q")
-    n_k = n_q if n_k is None else _size(n_k, "n_k")
+    n_q = require_size(n_q, "n_q")
+    n_k = n_q if n_k is None else require_size(n_k, "n_k")
     offset = _mask_offset(n_q, n_k, offset)
-    xp = _backend(like)
+    xp = namespace_for(like)
     m = alibi_slopes(n_heads, like=like, dtype=dtype)
     p = np.arange(n_q)[:, None] + offset
     dist = np.abs(p - np.arange(n_k)[None, :])  # |p_i - j|
