@@ -24,9 +24,10 @@ they are Python loops through the backend adapter.
 
 Conventions are the core's (:mod:`attn_tensors.softmax`): a fully masked
 query row has output 0, ``L = -inf`` and zero gradients, without NaN.
-``causal=True`` lets query ``i`` attend to keys ``j <= i`` (top-left
-aligned, like ``tril(ones((n_q, n_k)))``; MLX's ``mask="causal"`` string is
-bottom-right aligned instead, which differs when ``n_q != n_k``).
+``causal=True`` lets query ``i`` attend to keys ``j <= i + offset`` with
+``offset = n_k - n_q`` by default: the convention of
+:func:`attn_tensors.masking.causal_mask` (the last query lines up with the
+last key; plain ``tril`` for square scores).
 
 :func:`fast_attention` is the framework's own fused kernel
 (``mx.fast.scaled_dot_product_attention`` or ``jax.nn.dot_product_attention``)
@@ -50,6 +51,7 @@ from ._checks import (
     require_ndim,
 )
 from .backend import Backend, namespace
+from .masking import _offset as _causal_offset
 
 __all__ = [
     "online_softmax_update",
@@ -160,15 +162,15 @@ def _from_blocks(xp: Backend, x: Any) -> Any:
     return xp.reshape(x, x.shape[:-3] + (x.shape[-3] * x.shape[-2], x.shape[-1]))
 
 
-def _causal_tile(xp: Backend, i: Any, j: Any, bq: int, bk: int) -> Any:
-    """mask^{ij} = (key j <= query i) on tile (i, j): global indices i bq + r, j bk + s."""
-    rows = xp.arange(bq) + i * bq
+def _causal_tile(xp: Backend, i: Any, j: Any, bq: int, bk: int, offset: int) -> Any:
+    """mask^{ij} = [key j <= query i + offset] on tile (i, j): rows i bq + r, columns j bk + s."""
+    rows = xp.arange(bq) + i * bq + offset
     cols = xp.arange(bk) + j * bk
     return cols[None, :] <= rows[:, None]
 
 
 @functools.lru_cache(maxsize=None)
-def _flash_core(xp: Backend, causal: bool, bq: int, bk: int):
+def _flash_core(xp: Backend, causal: bool, bq: int, bk: int, offset: int = 0):
     """The custom-gradient kernel on padded inputs.
 
     Arguments: ``Qs (..., Tq bq, d_k)`` already multiplied by
@@ -194,7 +196,7 @@ def _flash_core(xp: Backend, causal: bool, bq: int, bk: int):
                 s = xp.einsum("...ia,...ja->...ij", q, Kb[j])
                 allowed = xp.swap_last(Mb[j])
                 if causal:
-                    allowed = allowed & _causal_tile(xp, i, j, bq, bk)
+                    allowed = allowed & _causal_tile(xp, i, j, bq, bk, offset)
                 s = xp.where(allowed, s, neg_inf)
                 m, l, alpha, p = _online_block(xp, m, l, s)
                 # acc^{ib} <- acc^{ib} exp(m - m') + exp(S^{ij} - m') V^{jb}
@@ -207,7 +209,11 @@ def _flash_core(xp: Backend, causal: bool, bq: int, bk: int):
                 xp.zeros(batch + (bq, d_v), dtype=Qs.dtype),
             )
             # Causal: key tiles beyond the last query of this tile are all masked.
-            hi = xp.minimum(n_tk, ((i + 1) * bq - 1) // bk + 1) if causal else n_tk
+            hi = (
+                xp.maximum(0, xp.minimum(n_tk, ((i + 1) * bq - 1 + offset) // bk + 1))
+                if causal
+                else n_tk
+            )
             m, l, acc = xp.fori_loop(0, hi, key_tile, init)
             alive = l > 0
             l_safe = xp.where(alive, l, xp.ones_like(l))
@@ -241,7 +247,7 @@ def _flash_core(xp: Backend, causal: bool, bq: int, bk: int):
                 s = xp.einsum("...ia,...ja->...ij", q, k)
                 allowed = xp.swap_last(Mb[j])
                 if causal:
-                    allowed = allowed & _causal_tile(xp, i, j, bq, bk)
+                    allowed = allowed & _causal_tile(xp, i, j, bq, bk, offset)
                 # P^{ij} = exp(S^{ij} - L^i), recomputed from the saved L
                 P = xp.exp(xp.where(allowed, s, neg_inf) - Lb[i])
                 # dV^{jb} += P^{ij} dO^{ib}
@@ -255,7 +261,7 @@ def _flash_core(xp: Backend, causal: bool, bq: int, bk: int):
                 return dK, dV, dQb
 
             # Causal: query tiles that end before this key tile starts see none of it.
-            lo = (j * bk) // bq if causal else 0
+            lo = xp.maximum(0, (j * bk - offset) // bq) if causal else 0
             init = (xp.zeros_like(k), xp.zeros_like(v), dQb)
             dK, dV, dQb = xp.fori_loop(lo, n_tq, query_tile, init)
             return dQb, (dK, dV)
@@ -296,6 +302,7 @@ def flash_attention(
     mask: Any = None,
     *,
     causal: bool = False,
+    offset: int | None = None,
     T: Any = 1.0,
     scale: float | None = None,
     block_q: int = BLOCK_Q,
@@ -309,7 +316,9 @@ def flash_attention(
     padding mask of shape ``(..., n_k)``: True for keys that may be attended
     (a full ``(n_q, n_k)`` mask is O(n^2) memory by itself; use
     :func:`attn_tensors.scaled_dot_product_attention` for that).
-    ``causal=True`` keeps keys ``j <= i``.  ``scale`` replaces ``1/sqrt(d_k)``.
+    ``causal=True`` keeps keys ``j <= i + offset``, ``offset = n_k - n_q`` by
+    default as in :func:`attn_tensors.masking.causal_mask`.  ``scale``
+    replaces ``1/sqrt(d_k)``.
 
     Returns ``O``, or ``(O, L)`` with ``L^i = log sum_j exp(S^{ij}/T)`` when
     ``return_lse``.  Memory is O(n (d_k + d_v)) plus one tile; gradients come
@@ -340,7 +349,8 @@ def flash_attention(
         valid = valid & _pad_axis(xp, mask, pad_k, -1, False)
     valid = xp.broadcast_to(valid[..., None, :], batch + (1, n_k + pad_k))
 
-    O, L = _flash_core(xp, bool(causal), bq, bk)(Qs, K, V, valid)
+    offset = _causal_offset(n_q, n_k, offset) if causal else 0
+    O, L = _flash_core(xp, bool(causal), bq, bk, offset)(Qs, K, V, valid)
     O, L = O[..., :n_q, :], L[..., :n_q]
     return (O, L) if return_lse else O
 

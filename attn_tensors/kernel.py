@@ -35,6 +35,7 @@ from ._checks import (
 )
 from .attention import attention_scores, scaled_dot_product_attention
 from .backend import Backend, namespace
+from .masking import _offset as _causal_offset
 from .softmax import softmax_and_log_partition
 
 __all__ = [
@@ -290,6 +291,7 @@ def linear_attention(
     causal: bool = False,
     eps: float = 0.0,
     chunk: int = 64,
+    offset: int | None = None,
 ) -> Any:
     """o^{ib} = phi(q_i)^c (sum_j phi(k_j)^c V^{jb}) / (phi(q_i)^c sum_j phi(k_j)^c + eps).
 
@@ -300,7 +302,9 @@ def linear_attention(
 
     ``mask`` is a boolean padding mask ``(..., n_k)`` (True = may attend):
     padded keys get ``phi(k_j) = 0``.  ``causal=True`` sums only keys
-    ``j <= i`` (top-left aligned): a scan over chunks of ``chunk`` positions
+    ``j <= i + offset``, ``offset = n_k - n_q`` by default as in
+    :func:`attn_tensors.masking.causal_mask` (the last query lines up with
+    the last key): a scan over chunks of ``chunk`` positions
     carries the running sums ``S^{cb} = sum_j phi(k_j)^c V^{jb}`` and
     ``z^c = sum_j phi(k_j)^c`` and treats each chunk's own keys with the
     masked (chunk x chunk) formula.  Time stays O(n (chunk + d_phi) d_v);
@@ -339,10 +343,25 @@ def linear_attention(
     else:
         if int(chunk) < 1:
             raise AttentionInputError(f"chunk size must be >= 1; got chunk={chunk}")
+        # Align query i with key position i + offset by padding the front:
+        # the core is top-left causal (query t sees keys t' <= t).
+        offset = _causal_offset(n_q, n_k, offset)
+        lead_q, lead_k = max(offset, 0), max(-offset, 0)
+        phi_q = _pad_front(xp, phi_q, lead_q)
+        phi_k, V = _pad_front(xp, phi_k, lead_k), _pad_front(xp, V, lead_k)
         num, den = _causal_core(xp, int(chunk))(phi_q, phi_k, V)
+        num, den = num[..., lead_q:, :], den[..., lead_q:]
     den = den + eps
     den_safe = xp.where(den == 0, xp.ones_like(den), den)
     return num / den_safe[..., None]
+
+
+def _pad_front(xp: Backend, x: Any, n: int) -> Any:
+    """n zero rows before the position axis (-2): zero features add nothing to the sums."""
+    if n == 0:
+        return x
+    widths = [(0, 0)] * (x.ndim - 2) + [(n, 0), (0, 0)]
+    return xp.pad(x, widths)
 
 
 def random_feature_error(

@@ -46,10 +46,14 @@ def lse_spec(x: np.ndarray) -> np.ndarray:
 
 
 def full_mask(pad_mask, n_q, n_k, causal):
-    """The (..., n_q, n_k) may-attend mask equal to a padding mask plus causality."""
+    """The (..., n_q, n_k) may-attend mask equal to a padding mask plus causality.
+
+    Causal: query i sits at key position i + (n_k - n_q), the library's
+    convention (masking.causal_mask): the last query lines up with the last key.
+    """
     m = np.ones((n_q, n_k), bool)
     if causal:
-        m = np.array([[j <= i for j in range(n_k)] for i in range(n_q)])
+        m = np.array([[j <= i + n_k - n_q for j in range(n_k)] for i in range(n_q)])
     if pad_mask is not None:
         m = m & np.asarray(pad_mask)[..., None, :]
     return m
@@ -125,6 +129,7 @@ def test_online_update_shape_error():
 CASES = [
     ("plain", (), (), 13, 29, False, False, 1.0),
     ("causal", (), (), 29, 29, False, True, 1.0),
+    ("causal-wide", (), (), 13, 45, False, True, 1.0),
     ("batch-heads-padding-T", (2, 3), (3,), 21, 37, True, False, 0.6),
     ("causal-padding-rect", (2, 1), (2, 1), 37, 21, True, True, 1.7),
 ]
@@ -335,3 +340,15 @@ def test_mlx_parity_every_public_function():
             np.testing.assert_allclose(g[ok], w[ok], rtol=2e-5, atol=2e-5, err_msg=name)
         names.append(name)
     assert len(names) == 4
+
+
+@pytest.mark.parametrize("offset", [0, 5, -3])
+def test_flash_causal_offset_matches_causal_mask(offset):
+    """causal=True with an explicit offset keeps keys j <= i + offset, as masking.causal_mask."""
+    from attn_tensors.masking import causal_mask
+
+    rng = np.random.default_rng(3)
+    Q, K, V = (jnp.asarray(rng.standard_normal(s)) for s in [(11, 4), (19, 4), (19, 3)])
+    got = flash_attention(Q, K, V, causal=True, offset=offset, block_q=4, block_k=8)
+    want = attention_decomposition(Q, K, V, causal_mask(11, 19, offset=offset)).O
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

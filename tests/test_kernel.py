@@ -60,13 +60,18 @@ def nw_spec(q, k, v, kappa, allowed=None):
     return out
 
 
-def linear_spec(phi_q, phi_k, v, causal=False, eps=0.0):
-    """o^{ib} = sum_j (phi_q^i . phi_k^j) v^{jb} / (sum_j phi_q^i . phi_k^j + eps), j <= i if causal."""
+def linear_spec(phi_q, phi_k, v, causal=False, eps=0.0, offset=None):
+    """o^{ib} = sum_j (phi_q^i . phi_k^j) v^{jb} / (sum_j phi_q^i . phi_k^j + eps).
+
+    Causal: j <= i + offset, offset = n_k - n_q by default (masking.causal_mask).
+    """
     out = np.zeros((phi_q.shape[0], v.shape[1]))
+    if offset is None:
+        offset = phi_k.shape[0] - phi_q.shape[0]
     for i in range(phi_q.shape[0]):
         num, den = np.zeros(v.shape[1]), 0.0
         for j in range(phi_k.shape[0]):
-            if causal and j > i:
+            if causal and j > i + offset:
                 continue
             w = sum(phi_q[i, c] * phi_k[j, c] for c in range(phi_q.shape[1]))
             num, den = num + w * v[j], den + w
@@ -228,14 +233,14 @@ def test_linear_attention_loop_spec(kind, rng):
         np.testing.assert_allclose(got[h], want, rtol=1e-10)
 
 
-@pytest.mark.parametrize("n_q, chunk", [(7, 3), (4, 3), (9, 2)])
-def test_causal_linear_attention_loop_spec(n_q, chunk, rng):
-    """The chunked scan equals the masked loop (keys j <= i), for n_q =, <, > n_k, any chunk."""
+@pytest.mark.parametrize("n_q, chunk, offset", [(7, 3, None), (4, 3, None), (9, 2, None), (4, 3, 0), (9, 2, 1)])
+def test_causal_linear_attention_loop_spec(n_q, chunk, offset, rng):
+    """The chunked scan equals the masked loop (keys j <= i + offset), for n_q =, <, > n_k, any chunk."""
     Q, K, V = random_qkv(rng, batch=(2,), n_q=n_q, n_k=7, d_k=4, d_v=2)
-    got = to_np(linear_attention(Q, K, V, elu_plus_one, causal=True, chunk=chunk))
+    got = to_np(linear_attention(Q, K, V, elu_plus_one, causal=True, chunk=chunk, offset=offset))
     for h in range(2):
         want = linear_spec(to_np(elu_plus_one(Q[h])), to_np(elu_plus_one(K[h])), V[h],
-                           causal=True)
+                           causal=True, offset=offset)
         assert_close(got[h], want)
 
 
