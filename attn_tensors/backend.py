@@ -124,6 +124,12 @@ class Backend:
         dt = jnp.result_type(*arrays)
         return dt if jnp.issubdtype(dt, jnp.floating) else jnp.result_type(float)
 
+    def default_float(self, like: Any = None, dtype: Any = None) -> Any:
+        """The float dtype for a constructor: ``dtype``, else ``like``'s, else the default."""
+        if dtype is not None:
+            return dtype
+        return self.result_float(self.asarray(0.0 if like is None else like))
+
     def floating(self, *arrays: Any) -> list[Any]:
         """Cast the arrays to their common floating dtype."""
         dt = self.result_float(*arrays)

@@ -18,7 +18,7 @@ from ._checks import (
     require_ndim,
     require_square,
 )
-from .backend import Backend, namespace, namespace_for
+from .backend import namespace, namespace_for
 
 __all__ = [
     "euclidean_metric",
@@ -38,14 +38,6 @@ __all__ = [
 ]
 
 
-def _dtype(xp: Backend, like: Any, dtype: Any) -> Any:
-    if dtype is not None:
-        return dtype
-    if like is not None:
-        return xp.result_float(xp.asarray(like))
-    return xp.result_float(xp.asarray(0.0))
-
-
 def euclidean_metric(d: int, *, like: Any = None, dtype: Any = None) -> Any:
     """g_{ab} = delta_{ab}: the standard dot product on R^d.
 
@@ -54,7 +46,7 @@ def euclidean_metric(d: int, *, like: Any = None, dtype: Any = None) -> Any:
     xp = namespace_for(like)
     if int(d) < 1:
         raise AttentionInputError(f"metric dimension d must be >= 1; got d={d}")
-    return xp.eye(int(d), dtype=_dtype(xp, like, dtype))
+    return xp.eye(int(d), dtype=xp.default_float(like, dtype))
 
 
 def scaled_euclidean_metric(d: int, *, like: Any = None, dtype: Any = None) -> Any:

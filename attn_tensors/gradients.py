@@ -142,7 +142,7 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
     # c^i = sum_k A^{ik} dL/dA^{ik}   (the mean of dL/dA under the weights)
     c = xp.einsum("...ik,...ik->...i", A, dL_dA)
     # dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - c^i)
-    return A * (dL_dA - c[..., None]) / T
+    return _score_gradient(A, dL_dA, c, T)
 
 
 # -- the backward pass ---------------------------------------------------------

@@ -80,14 +80,6 @@ __all__ = [
 
 
 # -- small shared pieces -----------------------------------------------------
-def _float_dtype(xp: Backend, like: Any, dtype: Any) -> Any:
-    if dtype is not None:
-        return dtype
-    if like is not None:
-        return xp.result_float(xp.asarray(like))
-    return xp.result_float(xp.asarray(0.0))
-
-
 def _qkv(xp: Backend, Q: Any, K: Any, V: Any | None = None) -> list[Any]:
     """Q, K (and V) as floating arrays of one dtype, shapes and values checked."""
     arrays = [xp.asarray(Q), xp.asarray(K)] + ([] if V is None else [xp.asarray(V)])
@@ -323,7 +315,7 @@ def rotary_frequencies(
         )
     xp = namespace_for(like)
     theta = np.asarray(base, dtype=np.float64) ** (-2.0 * np.arange(d // 2) / d)
-    return xp.asarray(theta.astype(np.float64), dtype=_float_dtype(xp, like, dtype))
+    return xp.asarray(theta.astype(np.float64), dtype=xp.default_float(like, dtype))
 
 
 def _rotation_angles(xp: Backend, X: Any, positions: Any, base: float) -> Any:
@@ -467,7 +459,7 @@ def alibi_slopes(n_heads: int, *, like: Any = None, dtype: Any = None) -> Any:
     xp = namespace_for(like)
     return xp.asarray(
         np.asarray(_alibi_slopes_list(n), dtype=np.float64),
-        dtype=_float_dtype(xp, like, dtype),
+        dtype=xp.default_float(like, dtype),
     )
 
 
