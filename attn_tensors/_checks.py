@@ -20,6 +20,7 @@ __all__ = [
     "require_size",
     "require_bool_mask",
     "require_ndim",
+    "require_qkv",
     "require_match",
     "require_square",
     "check_temperature",
@@ -84,6 +85,22 @@ def require_match(index: str, *named: tuple[str, str, int]) -> None:
                 f"{other[0]} has {other[1]}={other[2]} but {first[0]} has "
                 f"{first[1]}={first[2]} (index {index} must match)"
             )
+
+
+def require_qkv(Q: Any, K: Any, V: Any = None, v_index: str = "jb") -> tuple[int, ...]:
+    """Q (..., n_q, d_k), K (..., n_k, d_k), V (..., n_k, d_v): axes, index a, index j, batch axes.
+
+    Returns the broadcast batch shape.
+    """
+    require_ndim(Q, "Q", "ia")
+    require_ndim(K, "K", "ja")
+    require_match("a", ("Q", "d_k", Q.shape[-1]), ("K", "d_k", K.shape[-1]))
+    cores = [(Q, 2), (K, 2)]
+    if V is not None:
+        require_ndim(V, "V", v_index)
+        require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
+        cores.append((V, 2))
+    return batch_shape(*cores)
 
 
 def require_square(g: Any, name: str, indices: str = "ab") -> None:

@@ -49,6 +49,7 @@ from ._checks import (
     require_bool_mask,
     require_match,
     require_ndim,
+    require_qkv,
 )
 from .backend import Backend, namespace
 from .masking import _offset as _causal_offset
@@ -284,11 +285,7 @@ def _pad_axis(xp: Backend, x: Any, pad: int, axis: int, value: Any = 0) -> Any:
 def _prepare(xp: Backend, Q: Any, K: Any, V: Any, T: Any, scale: Any):
     """Cast, check and broadcast the inputs; returns Q K V, the key mask and the batch shape."""
     Q, K, V = xp.floating(xp.asarray(Q), xp.asarray(K), xp.asarray(V))
-    require_ndim(Q, "Q", "ia")
-    require_ndim(K, "K", "ja")
-    require_ndim(V, "V", "jb")
-    require_match("a", ("Q", "d_k", Q.shape[-1]), ("K", "d_k", K.shape[-1]))
-    require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
+    require_qkv(Q, K, V)
     check_finite(xp, Q=Q, K=K, V=V)
     check_temperature(T, xp)
     scale = 1.0 / float(np.sqrt(Q.shape[-1])) if scale is None else float(scale)

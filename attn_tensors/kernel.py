@@ -32,6 +32,7 @@ from ._checks import (
     require_bool_mask,
     require_match,
     require_ndim,
+    require_qkv,
 )
 from .attention import attention_scores, scaled_dot_product_attention
 from .backend import Backend, namespace
@@ -316,11 +317,7 @@ def linear_attention(
     """
     xp = namespace(Q, K, V, mask)
     Q, K, V = xp.floating(xp.asarray(Q), xp.asarray(K), xp.asarray(V))
-    require_ndim(Q, "Q", "ia")
-    require_ndim(K, "K", "ja")
-    require_ndim(V, "V", "jb")
-    require_match("a", ("Q", "d_k", Q.shape[-1]), ("K", "d_k", K.shape[-1]))
-    require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
+    require_qkv(Q, K, V)
     check_finite(xp, Q=Q, K=K, V=V)
     n_q, n_k = Q.shape[-2], K.shape[-2]
     phi_q, phi_k = feature_map(Q), feature_map(K)

@@ -39,6 +39,7 @@ from ._checks import (
     check_finite,
     require_match,
     require_ndim,
+    require_qkv,
     require_size,
     require_square,
 )
@@ -85,16 +86,7 @@ def _qkv(xp: Backend, Q: Any, K: Any, V: Any | None = None) -> list[Any]:
     arrays = [xp.asarray(Q), xp.asarray(K)] + ([] if V is None else [xp.asarray(V)])
     arrays = xp.floating(*arrays)
     Q, K = arrays[0], arrays[1]
-    require_ndim(Q, "Q", "ia")
-    require_ndim(K, "K", "ja")
-    require_match("a", ("Q", "d_k", Q.shape[-1]), ("K", "d_k", K.shape[-1]))
-    cores = [(Q, 2), (K, 2)]
-    if V is not None:
-        V = arrays[2]
-        require_ndim(V, "V", "jc")
-        require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
-        cores.append((V, 2))
-    batch_shape(*cores)
+    require_qkv(Q, K, arrays[2] if V is not None else None, v_index="jc")
     check_finite(xp, **dict(zip("QKV", arrays)))
     return arrays
 
