@@ -145,10 +145,12 @@ def _entropy(g: _Gibbs) -> Any:
 
 
 def _free_energy(g: _Gibbs) -> Any:
+    ### BEGIN SOLUTION 3.3
     # F^i = -T log Z^i = -T log Z'^i - M^i
     xp = g.xp
     F = -g.T * g.log_Zs - g.M
     return xp.where(g.alive, F, xp.full(F.shape, _INF, dtype=F.dtype))[..., 0]
+    ### END SOLUTION
 
 
 def _expected_energy(g: _Gibbs) -> Any:
@@ -158,13 +160,16 @@ def _expected_energy(g: _Gibbs) -> Any:
 
 
 def _energy_variance(g: _Gibbs) -> Any:
+    ### BEGIN SOLUTION 3.4
     # Var(E)^i = sum_j A^{ij} (S^{ij} - <S>^i)^2, centred (no cancellation)
     dev = g.D - g.mean_D
     return g.xp.sum(g.A * dev * dev, axis=-1)
+    ### END SOLUTION
 
 
 def _weight_entropy(xp: Backend, A: Any, m: Any) -> tuple[Any, Any]:
     """-sum_j A^{ij} log A^{ij} with 0 log 0 = 0, and the kept entries."""
+    ### BEGIN SOLUTION 3.2
     keep = A > 0 if m is None else xp.logical_and(m, A > 0)
     # double where: log never sees a 0, and the gradient at A = 0 is 0, not NaN
     A_safe = xp.where(keep, A, xp.ones_like(A))
@@ -172,6 +177,7 @@ def _weight_entropy(xp: Backend, A: Any, m: Any) -> tuple[Any, Any]:
     # the +0.0 start turns into +0.0 (a one-hot row prints 0, not -0)
     terms = xp.where(keep, -A * xp.log(A_safe), xp.zeros_like(A_safe))
     return xp.sum(terms, axis=-1) + 0.0, keep
+    ### END SOLUTION
 
 
 # -- distributions ---------------------------------------------------------------
@@ -186,7 +192,9 @@ def gibbs_distribution(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
     """
     xp = namespace(S, mask, T)
     S = _scores(xp, S)
+    ### BEGIN SOLUTION 10.2
     return softmax_and_log_partition(S, mask, T, xp)[0]
+    ### END SOLUTION
 
 
 def boltzmann_from_energies(E: Any, mask: Any = None, T: Any = 1.0) -> Any:
@@ -210,12 +218,14 @@ def zero_temperature_limit(S: Any, mask: Any = None) -> Any:
     xp = namespace(S, mask)
     S = _scores(xp, S)
     m = _mask_array(xp, mask, S)
+    ### BEGIN SOLUTION 3.5
     S_allowed = S if m is None else xp.where(m, S, xp.scalar(-_INF, S))
     M = xp.max(S_allowed, axis=-1, keepdims=True)
     # ground states: allowed keys at the maximum (none on a dead row, M = -inf)
     ground = xp.logical_and(S_allowed == M, xp.isfinite(M)).astype(S.dtype)
     n = xp.sum(ground, axis=-1, keepdims=True)
     return ground / xp.where(n > 0, n, xp.ones_like(n))
+    ### END SOLUTION
 
 
 def infinite_temperature_limit(S: Any, mask: Any = None) -> Any:
@@ -243,7 +253,9 @@ def log_partition_function(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
     """
     xp = namespace(S, mask, T)
     S = _scores(xp, S)
+    ### BEGIN SOLUTION 3.1
     return softmax_and_log_partition(S, mask, T, xp)[1]
+    ### END SOLUTION
 
 
 def free_energy(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
@@ -272,8 +284,10 @@ def energy_variance(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
 def heat_capacity(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
     """C^i = Var(E)^i / T^2 = d<E>^i/dT = -T d^2F^i/dT^2  (0 for a fully masked row)."""
     g = _gibbs(S, mask, T)
+    ### BEGIN SOLUTION 3.4
     T_row = _row(g.T)
     return _energy_variance(g) / (T_row * T_row)
+    ### END SOLUTION
 
 
 # -- entropy ----------------------------------------------------------------------
@@ -323,11 +337,13 @@ def normalized_entropy(A: Any, mask: Any = None) -> Any:
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "j")
     m = _mask_array(xp, mask, A)
+    ### BEGIN SOLUTION 10.4
     H, _ = _weight_entropy(xp, A, m)
     n = _n_allowed(xp, A, m)
     ok = n > 1
     log_n = xp.log(xp.where(ok, n, xp.full(n.shape, 2.0, dtype=n.dtype)))
     return xp.where(ok, H / log_n, xp.zeros_like(H))
+    ### END SOLUTION
 
 
 def effective_number_of_states(A: Any, mask: Any = None) -> Any:

@@ -1,0 +1,90 @@
+"""A student's check: the public cases of some exercises, run on a workspace.
+
+The expected values come from the public case files (data shipped with the
+release); the student's code runs in a worker process, so an exception, a
+hang or a crash in one exercise is reported for that exercise and the others
+still run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import values
+from .registry import CHAPTERS, Case, Exercise, all_exercises
+from .runner import ExerciseResult, Limits, grade, run_worker
+
+
+def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[list[Case], list[dict]]]:
+    """exercise id -> (public cases, expected results) from ``cases_dir/chNN.json``."""
+    out = {}
+    chapters = sorted({e.chapter for e in exercises})
+    data = {}
+    for ch in chapters:
+        path = Path(cases_dir) / f"ch{ch:02d}.json"
+        if path.exists():
+            data.update(json.loads(path.read_text()))
+    for e in exercises:
+        if e.id not in data:
+            raise FileNotFoundError(f"no public cases for exercise {e.id} in {cases_dir}")
+        entry = data[e.id]
+        cases = [Case(c["name"], values.decode(c["inputs"]), c.get("note", "")) for c in entry["cases"]]
+        expected = [values.decode(c["expected"]) for c in entry["cases"]]
+        out[e.id] = (cases, expected)
+    return out
+
+
+def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | None = None) -> list[ExerciseResult]:
+    workspace = Path(workspace)
+    public = load_public(workspace / ".course" / "cases", exercises)
+    raw = run_worker(workspace, [(e, public[e.id][0]) for e in exercises], limits or Limits(per_exercise_s=120))
+    results = []
+    for e in exercises:
+        cases, expected = public[e.id]
+        results.append(ExerciseResult(e, grade(e, cases, expected, raw.get(e.id, []), hidden=False)))
+    return results
+
+
+SYMBOL = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "blocked": "WAIT",
+          "timeout": "TIME", "crashed": "CRASH"}
+
+
+def report(results: list[ExerciseResult], verbose: bool = True) -> str:
+    """The readable report: one block per exercise, then progress."""
+    lines = []
+    for r in results:
+        e = r.exercise
+        head = f"[{SYMBOL[r.status]:>5}] Exercise {e.id:<5} {e.title}  ({e.points} pts)"
+        lines.append(head)
+        if r.status == "pass":
+            lines.append(f"        all {len(r.cases)} public cases pass")
+        elif r.status == "not_implemented":
+            lines.append(f"        not implemented yet: write {e.name} in attn_tensors/{e.module}.py"
+                         f"  (book: {e.book_page})")
+        elif r.status == "blocked":
+            lines.append(f"        {r.cases[0].message}")
+        else:
+            for c in r.cases:
+                if c.passed:
+                    lines.append(f"        ok    {c.case}")
+                else:
+                    msg = c.message.replace("\n", "\n              ")
+                    lines.append(f"        wrong {c.case}: {msg}")
+            if e.hint and verbose:
+                lines.append(f"        hint: {e.hint}")
+    return "\n".join(lines)
+
+
+def progress(passed: set[str]) -> str:
+    """Progress across the course, by chapter."""
+    exercises = all_exercises()
+    total = sum(e.points for e in exercises.values())
+    got = sum(e.points for e in exercises.values() if e.id in passed)
+    parts = []
+    for ch in CHAPTERS:
+        ids = [e.id for e in exercises.values() if e.chapter == ch]
+        if ids:
+            parts.append(f"ch{ch:02d} {sum(i in passed for i in ids)}/{len(ids)}")
+    return (f"Progress: {len(passed & set(exercises))}/{len(exercises)} exercises, "
+            f"{got}/{total} points on the public cases\n  " + "  ".join(parts))

@@ -1,0 +1,160 @@
+"""Write (or check) what students receive, from the instructor's source.
+
+* ``exercises/library/attn_tensors/``: the library with every solution region
+  replaced by its ``raise NotImplementedError("Exercise N.k: ...")``.
+* ``exercises/library/cases/chNN.json``: each exercise's public cases, inputs
+  and the reference outputs, as data.
+* ``solutions/chNN/chNN.ipynb``: the nbgrader source notebooks (see
+  :mod:`attn_course.notebooks`), and ``exercises/chNN/`` released from them
+  by ``nbgrader generate_assignment``.
+
+``attn-course release`` writes them; ``attn-course release --check`` rebuilds
+them in a temporary folder and fails if the committed ones differ (CI).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import LIBRARY, ROOT, values
+from .regions import library_regions, stub_source
+from .registry import CHAPTERS, Exercise, all_exercises
+
+SKIP = {"__pycache__"}
+
+
+def titles(exercises: dict[str, Exercise]) -> dict[str, tuple[str, str]]:
+    """exercise id -> (the public function, title) for the stub messages."""
+    return {e.id: (e.name, e.title) for e in exercises.values() if not e.region}
+
+
+def check_regions(exercises: dict[str, Exercise], strict: bool = True) -> list:
+    """Every exercise that owns a region has one, and every region an owner.
+
+    ``strict=False`` (while chapters are being written) only requires the
+    second half.
+    """
+    regions = library_regions(LIBRARY)
+    owners = {r.exercise for r in regions}
+    problems = []
+    for e in exercises.values():
+        if e.owner not in owners and strict:
+            problems.append(f"exercise {e.id}: no '### BEGIN SOLUTION {e.owner}' region in attn_tensors/")
+        if e.region and e.region not in exercises and strict:
+            problems.append(f"exercise {e.id}: its region {e.region} is not an exercise")
+    for r in regions:
+        if r.exercise not in exercises or exercises[r.exercise].region:
+            problems.append(f"{r.path.name}:{r.begin}: region {r.exercise} has no exercise that owns it")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return regions
+
+
+def write_stubs(dest: Path, exercises: dict[str, Exercise], strict: bool = True) -> None:
+    """The stubbed package in ``dest/attn_tensors``."""
+    check_regions(exercises, strict)
+    t = titles(exercises)
+    out = Path(dest) / "attn_tensors"
+    if out.exists():
+        shutil.rmtree(out)
+    for path in sorted(LIBRARY.rglob("*")):
+        rel = path.relative_to(LIBRARY)
+        if SKIP & set(rel.parts) or path.is_dir():
+            continue
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".py":
+            target.write_text(stub_source(path, t))
+        else:
+            shutil.copyfile(path, target)
+
+
+def public_cases(exercises: dict[str, Exercise], chapter: int) -> dict:
+    """``{"3.1": {"title", "points", "function", "cases": [{name, note, inputs, expected}]}}``."""
+    from .runner import reference_results
+
+    out = {}
+    for e in exercises.values():
+        if e.chapter != chapter:
+            continue
+        cases = e.make_cases(hidden=False)
+        expected = reference_results(e, cases)
+        out[e.id] = {
+            "title": e.title, "points": e.points, "function": e.function, "hint": e.hint,
+            "book": e.book_page, "rtol": e.rtol, "atol": e.atol,
+            "cases": [
+                {"name": c.name, "note": c.note, "inputs": values.encode(c.inputs),
+                 "expected": values.encode(_public(x))}
+                for c, x in zip(cases, expected)
+            ],
+        }
+    return out
+
+
+def _public(result: dict) -> dict:
+    """What a student may see of a reference result: no file paths."""
+    return {k: v for k, v in result.items() if k in ("status", "type", "value")}
+
+
+def write_cases(dest: Path, exercises: dict[str, Exercise]) -> None:
+    folder = Path(dest) / "cases"
+    folder.mkdir(parents=True, exist_ok=True)
+    for ch in CHAPTERS:
+        data = public_cases(exercises, ch)
+        if data:
+            (folder / f"ch{ch:02d}.json").write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+
+
+def write_library_release(dest: Path | None = None, strict: bool = True) -> Path:
+    dest = Path(dest or ROOT / "exercises" / "library")
+    exercises = all_exercises()
+    write_stubs(dest, exercises, strict)
+    write_cases(dest, exercises)
+    return dest
+
+
+# -- checking the committed release ---------------------------------------------------
+
+
+def _close(a, b) -> bool:
+    """Equal JSON trees, arrays compared to 1e-12 relative (other CPUs round differently)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if "__array__" in a and "__array__" in b:
+            x, y = values.decode(a), values.decode(b)
+            return x.shape == y.shape and x.dtype == y.dtype and bool(
+                np.all((x == y) | np.isclose(x, y, rtol=1e-12, atol=1e-300) | (np.isnan(x) & np.isnan(y)) if x.dtype.kind == "f" else x == y)
+            )
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def diff_library_release(committed: Path | None = None) -> list[str]:
+    """What differs between the committed student library and a fresh build."""
+    committed = Path(committed or ROOT / "exercises" / "library")
+    problems = []
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = write_library_release(Path(tmp))
+        for path in sorted(fresh.rglob("*")):
+            if path.is_dir():
+                continue
+            rel = path.relative_to(fresh)
+            old = committed / rel
+            if not old.exists():
+                problems.append(f"missing: exercises/library/{rel}")
+            elif path.suffix == ".json":
+                if not _close(json.loads(path.read_text()), json.loads(old.read_text())):
+                    problems.append(f"differs: exercises/library/{rel}")
+            elif not filecmp.cmp(path, old, shallow=False):
+                problems.append(f"differs: exercises/library/{rel}")
+        for path in sorted(committed.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and not (fresh / path.relative_to(committed)).exists():
+                problems.append(f"not generated (remove it): exercises/library/{path.relative_to(committed)}")
+    return problems

@@ -1,0 +1,350 @@
+"""The trusted side of checking and grading: start workers, compare, score.
+
+Submitted code runs only in a worker process (:mod:`attn_course.worker`); this
+side sends it inputs, reads back plain values (JSON, size-capped), and
+compares them with the expected ones, which the worker never sees.  A worker
+that hangs past the per-exercise limit, crashes or exits is stopped and
+restarted on the remaining exercises, so one bad exercise never costs the
+others.  :mod:`attn_course.sandbox` decides how a worker is confined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import values
+from .registry import Case, Exercise
+
+MAX_RESULT_BYTES = 32 * 2**20
+
+
+@dataclass
+class Limits:
+    per_exercise_s: float = 60.0  # wall-clock seconds for one exercise's cases
+    cpu_s: int = 120  # CPU seconds for a whole worker
+    memory_mb: int = 3072  # address space of a worker
+    processes: int = 64  # threads and processes (JAX starts a few)
+    file_mb: int = 64  # largest file a worker may write
+    output_kb: int = 256  # stdout/stderr kept
+
+
+@dataclass
+class CaseResult:
+    case: str
+    passed: bool
+    status: str  # pass, wrong, not_implemented, blocked, raised, bad_value, timeout, crashed
+    message: str = ""
+    hidden: bool = False
+
+
+@dataclass
+class ExerciseResult:
+    exercise: Exercise
+    cases: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def status(self) -> str:
+        if self.passed:
+            return "pass"
+        for s in ("not_implemented", "blocked", "timeout", "crashed"):
+            if any(c.status == s for c in self.cases) and not any(c.passed for c in self.cases):
+                return s
+        return "fail"
+
+    @property
+    def score(self) -> float:
+        """Points times the fraction of hidden cases passed (all cases if none are hidden)."""
+        graded = [c for c in self.cases if c.hidden] or self.cases
+        if not graded:
+            return 0.0
+        return self.exercise.points * sum(c.passed for c in graded) / len(graded)
+
+
+# -- running a worker ------------------------------------------------------------
+
+
+def _job(package: Path, items: list[tuple[Exercise, list[Case]]]) -> dict:
+    return {
+        "package": str(package),
+        "exercises": [
+            {"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs)} for c in cases]}
+            for ex, cases in items
+        ],
+    }
+
+
+def _read_lines(path: Path) -> list[dict]:
+    size = path.stat().st_size if path.exists() else 0
+    if size > MAX_RESULT_BYTES:
+        raise ValueError(f"the worker wrote {size} bytes of results (limit {MAX_RESULT_BYTES})")
+    out = []
+    if size:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a half-written last line: the worker died while writing
+    return out
+
+
+def default_command(job: Path, out: Path, workdir: Path, limits: Limits) -> tuple[list[str], dict]:
+    """Run the worker with this interpreter (no confinement: the student's own check)."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT")}
+    env.update(ATTN_COURSE_CACHE=str(cache_dir()), JAX_PLATFORMS="cpu", PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1",
+               XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    return [sys.executable, "-m", "attn_course.worker", str(job), str(out)], env
+
+
+def run_worker(
+    package: Path,
+    items: list[tuple[Exercise, list[Case]]],
+    limits: Limits | None = None,
+    command=default_command,
+) -> dict[str, list[dict]]:
+    """Each exercise's raw results (decoded), running the package in workers."""
+    limits = limits or Limits()
+    raw: dict[str, list[dict]] = {}
+    remaining = list(items)
+    with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp:
+        tmp = Path(tmp)
+        attempt = 0
+        while remaining:
+            attempt += 1
+            job, out = tmp / f"job{attempt}.json", tmp / f"out{attempt}.jsonl"
+            log = tmp / f"log{attempt}.txt"
+            work = tmp / f"work{attempt}"
+            work.mkdir()
+            job.write_text(json.dumps(_job(Path(package), remaining)))
+            out.touch()
+            argv, env = command(job, out, work, limits)
+            with open(log, "wb") as log_f:
+                proc = subprocess.Popen(argv, cwd=work, env=env, stdout=log_f, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                current, started, verdict = None, time.monotonic(), None
+                while True:
+                    rc = proc.poll()
+                    try:
+                        lines = _read_lines(out)
+                    except ValueError as err:
+                        verdict = ("crashed", str(err))
+                        _kill(proc)
+                        lines = []
+                    starts = [ln["start"] for ln in lines if "start" in ln]
+                    done = {ln["id"] for ln in lines if "id" in ln}
+                    pending = [s for s in starts if s not in done]
+                    if pending and pending[-1] != current:
+                        current, started = pending[-1], time.monotonic()
+                    if verdict:
+                        break
+                    if rc is not None:
+                        break
+                    if time.monotonic() - started > limits.per_exercise_s + (5.0 if current is None else 0.0):
+                        _kill(proc)
+                        verdict = ("timeout", f"stopped after {limits.per_exercise_s:g} s (time limit)")
+                        break
+                    time.sleep(0.02)
+                rc = proc.wait()
+            lines = _read_lines(out) if verdict is None or verdict[0] != "crashed" else []
+            for ln in lines:
+                if "id" in ln:
+                    try:
+                        raw[ln["id"]] = values.decode(ln["results"])
+                    except values.ValueFormatError as err:
+                        raw[ln["id"]] = [{"status": "bad_value", "message": str(err)}]
+            todo = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
+            if not todo:
+                break
+            culprit = todo[0][0].id if current is None or current in raw else current
+            if verdict is None:
+                tail = log.read_bytes()[-limits.output_kb * 1024 :].decode(errors="replace").strip().splitlines()
+                why = describe_exit(rc)
+                verdict = ("crashed", why + (f"; last output: {tail[-1][:200]}" if tail else ""))
+            n = len(next(cases for ex, cases in todo if ex.id == culprit))
+            raw[culprit] = [{"status": verdict[0], "message": verdict[1]}] * max(n, 1)
+            remaining = [(ex, cases) for ex, cases in todo if ex.id != culprit]
+    return raw
+
+
+def describe_exit(rc: int) -> str:
+    import signal
+
+    if rc is None:
+        return "the worker did not finish"
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        extra = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (killed: a limit on memory or CPU time)",
+                 "SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (file size limit)"}.get(name, "")
+        return f"the worker died with {name}{extra}"
+    return f"the worker exited early with status {rc}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- XLA's compilation cache ------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Where compiled XLA executables are kept between runs (ATTN_COURSE_CACHE)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attn-course" / "xla"
+    return Path(os.environ.get("ATTN_COURSE_CACHE", default))
+
+
+def enable_compile_cache(path: Path | str | None = None) -> None:
+    """Use JAX's persistent compilation cache: eager ops compile once per shape, ever.
+
+    A check or a grading run makes hundreds of small eager calls whose
+    compilation dominates the time; the cache makes a second run ~5x faster.
+    """
+    import jax
+
+    path = Path(path or cache_dir())
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# -- expected values (trusted side only) ----------------------------------------------
+
+
+def reference_results(ex: Exercise, cases: Iterable[Case]) -> list[dict]:
+    """The reference library's outputs, computed in this (trusted) process."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    enable_compile_cache()
+    from .worker import evaluate, resolve
+
+    fn = resolve(ex.function)
+    return [values.decode(values.encode(evaluate(fn, ex.probe, c.inputs))) for c in cases]
+
+
+# -- comparing -------------------------------------------------------------------
+
+
+def _label(key: str, keys: list[str]) -> str:
+    if key == "value":
+        return "the result"
+    if key.isdigit():
+        return f"result[{key}]"
+    return key
+
+
+def _fmt(a: np.ndarray) -> str:
+    return np.array2string(np.asarray(a), precision=6, threshold=24, edgeitems=3, max_line_width=72)
+
+
+def compare_values(exp: dict, got: dict, rtol: float, atol: float, show: bool) -> str:
+    """'' when ``got`` matches ``exp``; else what differs (values only if ``show``)."""
+    if set(exp) != set(got):
+        if list(exp) == ["value"]:
+            return f"returned {len(got)} values ({', '.join(got)}), expected one array"
+        return f"returned {', '.join(got) or 'nothing'}, expected {', '.join(exp)}"
+    for key in exp:
+        e, g = np.asarray(exp[key]), np.asarray(got[key])
+        name = _label(key, list(exp))
+        if e.shape != g.shape:
+            return f"{name} has shape {g.shape}, expected {e.shape}"
+        if e.dtype.kind == "b" or g.dtype.kind == "b":
+            if not np.array_equal(e.astype(bool), g.astype(bool)) or e.dtype.kind != g.dtype.kind:
+                bad = tuple(int(i) for i in np.argwhere(e != g)[0]) if np.any(e != g) else ()
+                msg = f"{name} is wrong" + (f" at index {bad}" if bad else f" (dtype {g.dtype}, expected {e.dtype})")
+                return msg + (f"\n  expected {_fmt(e)}\n  got      {_fmt(g)}" if show else "")
+            continue
+        e64, g64 = e.astype(np.float64), g.astype(np.float64)
+        problems = []
+        nan = np.isnan(g64) & ~np.isnan(e64)
+        if nan.any():
+            problems.append((np.argwhere(nan)[0], "nan"))
+        inf_bad = (np.isinf(e64) | np.isinf(g64)) & ~(e64 == g64) & ~np.isnan(g64)
+        if inf_bad.any():
+            problems.append((np.argwhere(inf_bad)[0], "infinite mismatch"))
+        fin = np.isfinite(e64) & np.isfinite(g64)
+        close = np.isclose(g64, e64, rtol=rtol, atol=atol) | ~fin
+        if not close.all():
+            problems.append((np.argwhere(~close)[0], "value"))
+        if problems:
+            idx, kind = problems[0]
+            idx = tuple(int(i) for i in idx)
+            if show:
+                msg = f"{name} differs at index {idx}: expected {e64[idx]!r}, got {g64[idx]!r}"
+                if kind == "value":
+                    err = np.max(np.abs(g64 - e64)[fin])
+                    msg += f" (largest error {err:.3g}; tolerance rtol={rtol:g}, atol={atol:g})"
+                return msg + f"\n  expected {_fmt(e)}\n  got      {_fmt(g)}"
+            what = {"nan": "contains nan where the answer is a number",
+                    "infinite mismatch": "is infinite where it should not be (or finite where it should be)",
+                    "value": "has wrong values"}[kind]
+            return f"{name} {what}"
+    return ""
+
+
+def compare(ex: Exercise, case: Case, expected: dict, got: dict, hidden: bool) -> CaseResult:
+    name = f"hidden case {case.name}" if hidden else case.name
+    st = got.get("status")
+    note = f" [{case.note}]" if case.note and not hidden else ""
+    if st == "not_implemented":
+        owner = got.get("exercise") or ""
+        if owner and owner != ex.owner:
+            return CaseResult(name, False, "blocked",
+                              f"needs exercise {owner} first (its stub raised NotImplementedError"
+                              f"{' at ' + got['where'] if got.get('where') else ''})", hidden)
+        return CaseResult(name, False, "not_implemented", "not implemented yet", hidden)
+    if st in ("timeout", "crashed", "bad_value"):
+        return CaseResult(name, False, st, got.get("message", st), hidden)
+    if expected.get("status") == "raised":
+        if st == "raised" and got.get("type") == expected.get("type"):
+            return CaseResult(name, True, "pass", "", hidden)
+        what = f"raised {got.get('type')}: {got.get('message', '')}" if st == "raised" else "returned a value"
+        return CaseResult(name, False, "wrong", f"should raise {expected.get('type')}, but {what}{note}", hidden)
+    if st == "raised":
+        where = f" ({got['where']})" if got.get("where") else ""
+        return CaseResult(name, False, "raised", f"raised {got.get('type')}: {got.get('message', '')}{where}{note}", hidden)
+    if st != "ok":
+        return CaseResult(name, False, "crashed", f"no result ({st})", hidden)
+    msg = compare_values(expected["value"], got["value"], ex.rtol, ex.atol, show=not hidden)
+    if msg:
+        return CaseResult(name, False, "wrong", msg + note, hidden)
+    return CaseResult(name, True, "pass", "", hidden)
+
+
+def grade(ex: Exercise, cases: list[Case], expected: list[dict], got: list[dict], hidden: bool) -> list[CaseResult]:
+    if len(got) == 1 and len(cases) > 1:
+        got = got * len(cases)  # one verdict (timeout, crash) for every case
+    if len(got) != len(cases):
+        return [CaseResult(c.name, False, "crashed", "no result for this case", hidden) for c in cases]
+    results = [compare(ex, c, e, g, hidden) for c, e, g in zip(cases, expected, got)]
+    # A function that raises NotImplementedError on some inputs is not done,
+    # even if its given input checks already raise the right error on others.
+    stub = next((r for r in results if r.status in ("not_implemented", "blocked")), None)
+    if stub is not None:
+        for r in results:
+            r.passed, r.status, r.message = False, stub.status, stub.message
+    return results

@@ -1,0 +1,209 @@
+"""A student's workspace, and the submission archive made from it.
+
+``attn-course workspace DIR --student ID`` creates::
+
+    DIR/attn_tensors/        the library with the exercises stubbed: your work
+    DIR/notebooks/chNN.ipynb the exercise notebooks (nbgrader's student version)
+    DIR/tests/               public tests: `pytest -m ex3_1` in DIR
+    DIR/.course/cases/       the public cases (inputs and expected values)
+    DIR/.course/progress.json  which exercises passed their public cases
+    DIR/course.json          student id, assignment, versions
+
+and never writes into a folder that already has files.  ``attn-course
+submit`` packs ``attn_tensors/`` and ``notebooks/`` with a manifest (student
+id, assignment, SHA-256 of every file, library version) into a new archive
+under ``DIR/submissions/``; an existing archive is never overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+from . import EXERCISES, RELEASE_LIBRARY
+from .registry import CHAPTERS, all_exercises
+
+ASSIGNMENT = "attn-tensors-library"
+FORMAT = 1
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class WorkspaceError(RuntimeError):
+    """A workspace problem the user can fix (the message says how)."""
+
+
+def library_version() -> str:
+    text = (RELEASE_LIBRARY / "attn_tensors" / "__init__.py").read_text()
+    m = re.search(r'__version__ = "([^"]+)"', text)
+    return m.group(1) if m else "unknown"
+
+
+def check_student_id(student: str) -> str:
+    if not STUDENT_ID.match(student or ""):
+        raise WorkspaceError(
+            f"student id {student!r} must be 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit)"
+        )
+    return student
+
+
+PUBLIC_CONFTEST = '''"""Public tests of the exercises: `pytest` here, or `pytest -m ex3_1` / `-m ch03`."""
+import pytest
+
+from attn_course.registry import all_exercises
+
+
+def pytest_configure(config):
+    for e in all_exercises().values():
+        config.addinivalue_line("markers", f"{e.marker}: exercise {e.id}, {e.title}")
+        config.addinivalue_line("markers", f"ch{e.chapter:02d}: chapter {e.chapter}")
+'''
+
+PUBLIC_TESTS = '''"""One test per exercise: the public cases from .course/cases, run on ../attn_tensors."""
+from pathlib import Path
+
+import pytest
+
+from attn_course.check import check_public, report
+from attn_course.registry import all_exercises
+
+HERE = Path(__file__).resolve().parents[1]
+EXERCISES = list(all_exercises().values())
+_results = {}
+
+
+@pytest.fixture(scope="session")
+def results(request):
+    chosen = {item.callspec.params["exercise"] for item in request.session.items
+              if hasattr(item, "callspec") and "exercise" in item.callspec.params}
+    todo = [e for e in EXERCISES if e.id in chosen and e.id not in _results]
+    for r in check_public(HERE, todo):
+        _results[r.exercise.id] = r
+    return _results
+
+
+@pytest.mark.parametrize("exercise", [
+    pytest.param(e.id, marks=[getattr(pytest.mark, e.marker), getattr(pytest.mark, f"ch{e.chapter:02d}")], id=e.id)
+    for e in EXERCISES
+])
+def test_exercise(exercise, results):
+    r = results[exercise]
+    assert r.passed, "\\n" + report([r])
+'''
+
+README = """# Your attn_tensors workspace
+
+Student: {student}
+
+* Implement the exercises in `attn_tensors/` (each stub raises
+  `NotImplementedError("Exercise N.k: ...")`) and in `notebooks/`.
+* Check your work:  `attn-course check 3.1`, `attn-course check 3` (a chapter)
+  or `attn-course check all`; or `pytest -m ex3_1` here.
+* Hand in:  `attn-course submit` writes an archive into `submissions/`.
+"""
+
+
+def create(dest: Path, student: str) -> Path:
+    """A new workspace in ``dest`` (which must be missing or empty)."""
+    check_student_id(student)
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise WorkspaceError(f"{dest} already has files; choose a new folder (nothing was changed)")
+    stub = RELEASE_LIBRARY / "attn_tensors"
+    if not stub.is_dir():
+        raise WorkspaceError(f"the student release is missing ({stub}); run `attn-course release` first")
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(stub, dest / "attn_tensors", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(RELEASE_LIBRARY / "cases", dest / ".course" / "cases")
+    nb = dest / "notebooks"
+    nb.mkdir()
+    for ch in CHAPTERS:
+        src = EXERCISES / f"ch{ch:02d}" / f"ch{ch:02d}.ipynb"
+        if src.exists():
+            shutil.copyfile(src, nb / src.name)
+    tests = dest / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(PUBLIC_CONFTEST)
+    (tests / "test_public.py").write_text(PUBLIC_TESTS)
+    (dest / "pytest.ini").write_text("[pytest]\ntestpaths = tests\naddopts = -q --strict-markers\n")
+    (dest / "README.md").write_text(README.format(student=student))
+    meta = {"format": FORMAT, "student_id": student, "assignment": ASSIGNMENT,
+            "library_version": library_version(),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    (dest / "course.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return dest
+
+
+def find(start: Path | None = None) -> Path:
+    """The workspace containing ``start`` (default: the current folder)."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "course.json").exists() and (folder / "attn_tensors").is_dir():
+            return folder
+    raise WorkspaceError(
+        f"{here} is not inside a workspace (no course.json); create one with "
+        "`attn-course workspace DIR --student ID`, or pass --workspace DIR"
+    )
+
+
+def meta(workspace: Path) -> dict:
+    return json.loads((Path(workspace) / "course.json").read_text())
+
+
+def record_progress(workspace: Path, results) -> set[str]:
+    """Remember which exercises pass their public cases; returns all that pass."""
+    path = Path(workspace) / ".course" / "progress.json"
+    passed = set(json.loads(path.read_text())) if path.exists() else set()
+    for r in results:
+        (passed.add if r.passed else passed.discard)(r.exercise.id)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(sorted(passed)))
+    os.replace(tmp, path)
+    return passed
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def submission_files(workspace: Path) -> list[Path]:
+    ws = Path(workspace)
+    files = sorted(p for p in (ws / "attn_tensors").rglob("*.py") if "__pycache__" not in p.parts)
+    files += sorted((ws / "notebooks").glob("*.ipynb")) if (ws / "notebooks").is_dir() else []
+    return [p.relative_to(ws) for p in files]
+
+
+def submit(workspace: Path, out: Path | None = None) -> Path:
+    """A new submission archive (zip) with ``manifest.json``; returns its path."""
+    ws = Path(workspace)
+    info = meta(ws)
+    student = check_student_id(info.get("student_id", ""))
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if out is None:
+        (ws / "submissions").mkdir(exist_ok=True)
+        out = ws / "submissions" / f"{student}-{ASSIGNMENT}-{stamp}.zip"
+    out = Path(out)
+    if out.exists():
+        raise WorkspaceError(f"{out} already exists; it was not overwritten (choose another name)")
+    files = submission_files(ws)
+    manifest = {
+        "format": FORMAT,
+        "student_id": student,
+        "assignment": info.get("assignment", ASSIGNMENT),
+        "library_version": info.get("library_version", library_version()),
+        "exercises": list(all_exercises()),
+        "submitted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "files": {str(p): sha256(ws / p) for p in files},
+    }
+    tmp = out.with_name(out.name + ".part")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", json.dumps(manifest, indent=1) + "\n")
+        for p in files:
+            z.write(ws / p, str(p))
+    os.replace(tmp, out)
+    return out
