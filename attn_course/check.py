@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import values
 from .registry import CHAPTERS, Case, Exercise, all_exercises
-from .runner import ExerciseResult, Limits, grade, run_worker
+from .runner import ExerciseResult, Limits, grade, run_worker, stubbed_exercises
 
 
 def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[list[Case], list[dict]]]:
@@ -39,10 +39,11 @@ def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | No
     workspace = Path(workspace)
     public = load_public(workspace / ".course" / "cases", exercises)
     raw = run_worker(workspace, [(e, public[e.id][0]) for e in exercises], limits or Limits(per_exercise_s=120))
+    stubbed = stubbed_exercises(workspace)
     results = []
     for e in exercises:
         cases, expected = public[e.id]
-        results.append(ExerciseResult(e, grade(e, cases, expected, raw.get(e.id, []), hidden=False)))
+        results.append(ExerciseResult(e, grade(e, cases, expected, raw.get(e.id, []), False, stubbed)))
     return results
 
 

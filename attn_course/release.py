@@ -158,3 +158,80 @@ def diff_library_release(committed: Path | None = None) -> list[str]:
             if path.is_file() and "__pycache__" not in path.parts and not (fresh / path.relative_to(committed)).exists():
                 problems.append(f"not generated (remove it): exercises/library/{path.relative_to(committed)}")
     return problems
+
+
+# -- notebooks ----------------------------------------------------------------------
+
+
+def _nbgrader_api(root: Path):
+    """nbgrader's Python API on the course at ``root`` (its nbgrader_config.py)."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    config.CourseDirectory.root = str(root)
+    config.CourseDirectory.db_url = f"sqlite:///{root / 'grading' / 'gradebook.db'}"
+    (root / "grading").mkdir(exist_ok=True)
+    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+
+def release_notebooks(root: Path, chapters: list[int]) -> None:
+    """``nbgrader generate_assignment chNN`` for each chapter, at ``root``."""
+    import logging
+
+    api = _nbgrader_api(root)
+    api.log.setLevel(logging.WARNING)
+    for ch in chapters:
+        result = api.generate_assignment(f"ch{ch:02d}", force=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader generate_assignment ch{ch:02d} failed:\n{result['log']}")
+
+
+def _chapters() -> list[int]:
+    exercises = all_exercises()
+    return [ch for ch in CHAPTERS if any(e.chapter == ch for e in exercises.values())]
+
+
+def release_all(execute: bool = True) -> None:
+    """Write the whole student release and the instructor's notebooks."""
+    from .notebooks import write_solutions
+
+    write_library_release()
+    print("wrote exercises/library (stubs and public cases)")
+    write_solutions(execute_cells=execute)
+    print("wrote solutions/chNN/chNN.ipynb" + (" (executed)" if execute else ""))
+    release_notebooks(ROOT, _chapters())
+    print("wrote exercises/chNN/chNN.ipynb (nbgrader generate_assignment)")
+
+
+def check_release() -> list[str]:
+    """Differences between the committed release and one built from the source now."""
+    from .notebooks import sources, write_solutions
+
+    problems = diff_library_release()
+    chapters = _chapters()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        shutil.copyfile(ROOT / "nbgrader_config.py", tmp / "nbgrader_config.py")
+        write_solutions(execute_cells=False, dest=tmp / "solutions")
+        for ch in chapters:
+            name = f"ch{ch:02d}/ch{ch:02d}.ipynb"
+            committed = ROOT / "solutions" / name
+            if not committed.exists():
+                problems.append(f"missing: solutions/{name}")
+            elif sources(committed) != sources(tmp / "solutions" / name):
+                problems.append(f"differs: solutions/{name} (its cells are not what the library source gives)")
+        # release from the COMMITTED solutions, as an instructor would
+        shutil.rmtree(tmp / "solutions")
+        shutil.copytree(ROOT / "solutions", tmp / "solutions")
+        release_notebooks(tmp, chapters)
+        for ch in chapters:
+            name = f"ch{ch:02d}/ch{ch:02d}.ipynb"
+            committed = ROOT / "exercises" / name
+            fresh = tmp / "exercises" / name
+            if not committed.exists():
+                problems.append(f"missing: exercises/{name}")
+            elif json.loads(committed.read_text()) != json.loads(fresh.read_text()):
+                problems.append(f"differs: exercises/{name} (run nbgrader generate_assignment ch{ch:02d})")
+    return problems

@@ -306,13 +306,28 @@ def compare_values(exp: dict, got: dict, rtol: float, atol: float, show: bool) -
     return ""
 
 
-def compare(ex: Exercise, case: Case, expected: dict, got: dict, hidden: bool) -> CaseResult:
+def stubbed_exercises(package: Path) -> set[str]:
+    """Exercises whose stub line is still in a package's source (read as text, never run)."""
+    import re
+
+    found = set()
+    for path in Path(package, "attn_tensors").rglob("*.py"):
+        try:
+            text = path.read_text(errors="replace")[: 4 * 2**20]
+        except OSError:
+            continue
+        found.update(re.findall(r"raise NotImplementedError\(\s*['\"]Exercise (\d+\.\d+): implement ", text))
+    return found
+
+
+def compare(ex: Exercise, case: Case, expected: dict, got: dict, hidden: bool,
+            own_stub: bool = False) -> CaseResult:
     name = f"hidden case {case.name}" if hidden else case.name
     st = got.get("status")
     note = f" [{case.note}]" if case.note and not hidden else ""
     if st == "not_implemented":
         owner = got.get("exercise") or ""
-        if owner and owner != ex.owner:
+        if owner and owner != ex.owner and not own_stub:
             return CaseResult(name, False, "blocked",
                               f"needs exercise {owner} first (its stub raised NotImplementedError"
                               f"{' at ' + got['where'] if got.get('where') else ''})", hidden)
@@ -335,12 +350,15 @@ def compare(ex: Exercise, case: Case, expected: dict, got: dict, hidden: bool) -
     return CaseResult(name, True, "pass", "", hidden)
 
 
-def grade(ex: Exercise, cases: list[Case], expected: list[dict], got: list[dict], hidden: bool) -> list[CaseResult]:
+def grade(ex: Exercise, cases: list[Case], expected: list[dict], got: list[dict], hidden: bool,
+          stubbed: set[str] | frozenset = frozenset()) -> list[CaseResult]:
+    """Compare case by case; ``stubbed``: exercises whose stub is still in the source."""
     if len(got) == 1 and len(cases) > 1:
         got = got * len(cases)  # one verdict (timeout, crash) for every case
     if len(got) != len(cases):
         return [CaseResult(c.name, False, "crashed", "no result for this case", hidden) for c in cases]
-    results = [compare(ex, c, e, g, hidden) for c, e, g in zip(cases, expected, got)]
+    own = ex.owner in stubbed
+    results = [compare(ex, c, e, g, hidden, own) for c, e, g in zip(cases, expected, got)]
     # A function that raises NotImplementedError on some inputs is not done,
     # even if its given input checks already raise the right error on others.
     stub = next((r for r in results if r.status in ("not_implemented", "blocked")), None)

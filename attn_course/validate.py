@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import ROOT
 from .registry import Exercise, all_exercises, secret, select
-from .runner import ExerciseResult, Limits, grade, reference_results, run_worker
+from .runner import ExerciseResult, Limits, grade, reference_results, run_worker, stubbed_exercises
 
 
 def cases_and_expected(exercises: list[Exercise]):
@@ -28,13 +28,14 @@ def run_side(package: Path, exercises: list[Exercise], data) -> dict[str, Exerci
     items = [(e, data[e.id][0] + data[e.id][2]) for e in exercises]
     raw = run_worker(package, items, Limits(per_exercise_s=300))
     results = {}
+    stubbed = stubbed_exercises(package)
     for e in exercises:
         public, exp_p, hidden, exp_h = data[e.id]
         got = raw.get(e.id, [])
         if len(got) == 1:
             got = got * (len(public) + len(hidden))
-        cr = grade(e, public, exp_p, got[: len(public)], hidden=False)
-        cr += grade(e, hidden, exp_h, got[len(public):], hidden=True)
+        cr = grade(e, public, exp_p, got[: len(public)], False, stubbed)
+        cr += grade(e, hidden, exp_h, got[len(public):], True, stubbed)
         results[e.id] = ExerciseResult(e, cr)
     return results
 

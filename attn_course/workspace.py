@@ -187,6 +187,10 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
     if out is None:
         (ws / "submissions").mkdir(exist_ok=True)
         out = ws / "submissions" / f"{student}-{ASSIGNMENT}-{stamp}.zip"
+        n = 1
+        while out.exists():  # never overwrite an earlier submission
+            n += 1
+            out = ws / "submissions" / f"{student}-{ASSIGNMENT}-{stamp}-{n}.zip"
     out = Path(out)
     if out.exists():
         raise WorkspaceError(f"{out} already exists; it was not overwritten (choose another name)")

@@ -99,3 +99,15 @@ def random_qkv(rng, batch=(), n_q=3, n_k=4, d_k=5, d_v=2):
 
 
 __all__ = ["namespace", "to_backend", "to_np", "tol", "assert_close", "random_qkv"]
+
+
+def pytest_configure(config):
+    """Register one marker per graded exercise (``ex3_1``) and per chapter (``ch03``)."""
+    from attn_course.registry import all_exercises
+
+    chapters = set()
+    for e in all_exercises().values():
+        config.addinivalue_line("markers", f"{e.marker}: exercise {e.id}, {e.title}")
+        chapters.add(e.chapter)
+    for ch in sorted(chapters):
+        config.addinivalue_line("markers", f"ch{ch:02d}: the graded exercises of chapter {ch}")

@@ -1,0 +1,214 @@
+"""The nbgrader source notebooks, one per chapter, made from the library source.
+
+``solutions/chNN/chNN.ipynb`` is the instructor's nbgrader source: for each
+exercise of chapter N a statement (markdown), an import cell, the answer cell
+(the reference function(s) with nbgrader's ``### BEGIN SOLUTION`` markers,
+taken from the library source, so there is one copy of every solution), and
+an autograder test cell (public cases, plus hidden ones between nbgrader's
+``### BEGIN HIDDEN TESTS`` markers).  ``nbgrader generate_assignment chNN``
+turns it into the student version in ``exercises/chNN/``.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import re
+from pathlib import Path
+
+import nbformat
+
+from . import LIBRARY, ROOT, SOLUTIONS
+from .regions import library_regions, solution_source
+from .registry import CHAPTERS, Exercise, all_exercises
+
+KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+def _meta(grade_id: str, *, solution=False, grade=False, locked=True, points=None) -> dict:
+    m = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3,
+         "solution": solution, "task": False}
+    if points is not None:
+        m["points"] = points
+    return {"nbgrader": m}
+
+
+def _functions(module_path: Path) -> dict[str, tuple[ast.FunctionDef, str]]:
+    text = module_path.read_text()
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            out[node.name] = (node, "".join(lines[start - 1 : node.end_lineno]))
+    return out
+
+
+def _region_end_lines(module_path: Path) -> dict[str, int]:
+    """Function name -> last line of its last region (regions may end after the AST's end)."""
+    ends = {}
+    for r in library_regions(LIBRARY):
+        if r.path == module_path:
+            ends[r.function] = max(ends.get(r.function, 0), r.end)
+    return ends
+
+
+def answer_source(ex: Exercise) -> tuple[str, list[str], str]:
+    """(cell source, names defined, module) for an exercise's answer cell."""
+    owner = ex.owner
+    module_path = LIBRARY / (ex.module.replace(".", "/") + ".py")
+    funcs = _functions(module_path)
+    text = module_path.read_text().splitlines(keepends=True)
+    ends = _region_end_lines(module_path)
+    with_region = [r.function for r in library_regions(LIBRARY) if r.exercise == owner and r.path == module_path]
+    names = list(dict.fromkeys([f for f in with_region if f != ex.name] + [ex.name]))
+    parts = []
+    for name in names:
+        node, src = funcs[name]
+        end = max(node.end_lineno, ends.get(name, 0))
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        src = "".join(text[start - 1 : end])
+        # keep this exercise's regions as nbgrader solutions; others' regions stay plain code
+        parts.append(_only_regions(src, owner))
+    return "\n\n".join(parts), names, ex.module
+
+
+def _only_regions(src: str, owner: str) -> str:
+    out = []
+    for line in src.splitlines(keepends=True):
+        m = re.match(r"^([ \t]*)### BEGIN SOLUTION (\d+\.\d+)\s*$", line)
+        if m:
+            if m.group(2) == owner:
+                out.append(f"{m.group(1)}### BEGIN SOLUTION\n")
+            continue
+        if re.match(r"^[ \t]*### END SOLUTION\s*$", line):
+            out.append(line)
+            continue
+        out.append(line)
+    # drop END markers of regions that are not this exercise's
+    text, depth, keep = "".join(out), 0, []
+    for line in text.splitlines(keepends=True):
+        if line.strip() == "### BEGIN SOLUTION":
+            depth += 1
+            keep.append(line)
+        elif line.strip() == "### END SOLUTION":
+            if depth:
+                depth -= 1
+                keep.append(line)
+        else:
+            keep.append(line)
+    return solution_source("".join(keep))
+
+
+def free_names(source: str, defined: list[str]) -> list[str]:
+    """Module-level names a cell uses but does not define (to import from the module)."""
+    tree = ast.parse(source)
+    used, bound = set(), set(defined)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            used.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.Lambda)):
+            args = node.args
+            for a in args.args + args.kwonlyargs + args.posonlyargs:
+                bound.add(a.arg)
+            if args.vararg:
+                bound.add(args.vararg.arg)
+            if args.kwarg:
+                bound.add(args.kwarg.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, ast.comprehension):
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    bound.add(n.id)
+    return sorted(n for n in used - set(defined) if not hasattr(builtins, n) and n not in bound)
+
+
+def _statement(ex: Exercise) -> str:
+    """The exercise text from the book (the exercise directive's body)."""
+    page = ROOT / "chapters" / f"{CHAPTERS[ex.chapter][0]}.md"
+    text = page.read_text()
+    m = re.search(rf"(`{{3,}}){{exercise}}[^\n]*\n:label: {re.escape(ex.label)}\n(.*?)\n\1\n", text, re.S)
+    body = m.group(2).strip() if m else ""
+    body = re.sub(r"\n*Graded exercise [^\n]*$", "", body).strip()
+    # MyST roles do not render in Jupyter: keep their text
+    body = re.sub(r"\{(?:prf:ref|ref|eq|numref)\}`([^`<]*?)(?:\s*<[^>]*>)?`", r"\1", body)
+    return body
+
+
+def chapter_notebook(ch: int, exercises: dict[str, Exercise]) -> nbformat.NotebookNode:
+    stem, title = CHAPTERS[ch]
+    chosen = [e for e in exercises.values() if e.chapter == ch]
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": KERNEL, "language_info": {"name": "python"}}
+    cells = [
+        nbformat.v4.new_markdown_cell(
+            f"# Chapter {ch}: {title} — graded exercises\n\n"
+            f"Write each function in its answer cell (replace `raise NotImplementedError()`), "
+            f"then run the test cell below it. The statements are the book's "
+            f"(`chapters/{stem}.md`, exercises {', '.join(e.id for e in chosen)}); "
+            "the test cells check the public cases, and the grader adds hidden ones.",
+            metadata=_meta(f"ch{ch:02d}-intro")),
+        nbformat.v4.new_code_cell(
+            "import jax\n\njax.config.update(\"jax_enable_x64\", True)  # the cases are float64\n\n"
+            "from attn_course.nbcheck import check",
+            metadata=_meta(f"ch{ch:02d}-setup")),
+    ]
+    for e in chosen:
+        src, names, module = answer_source(e)
+        imports = free_names(src, names)
+        gid = e.label
+        cells.append(nbformat.v4.new_markdown_cell(
+            f"## Exercise {e.id}: {e.title} ({e.points} points)\n\n{_statement(e)}\n\n"
+            f"In the book: chapter {ch}, Exercise {e.id} (`{stem}.html#{e.label}`).",
+            metadata=_meta(f"{gid}-statement")))
+        if imports:
+            cells.append(nbformat.v4.new_code_cell(
+                f"from attn_tensors.{module} import (\n" + "".join(f"    {n},\n" for n in imports) + ")",
+                metadata=_meta(f"{gid}-imports")))
+        cells.append(nbformat.v4.new_code_cell(src.rstrip() + "\n", metadata=_meta(f"{gid}-answer", solution=True, locked=False)))
+        cells.append(nbformat.v4.new_code_cell(
+            f'check("{e.id}", {e.name})\n'
+            "### BEGIN HIDDEN TESTS\n"
+            "from attn_course.nbcheck import check_hidden\n\n"
+            f'check_hidden("{e.id}", {e.name})\n'
+            "### END HIDDEN TESTS",
+            metadata=_meta(f"{gid}-tests", grade=True, points=e.points)))
+    nb.cells = cells
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{cell.metadata['nbgrader']['grade_id']}"
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
+    from nbclient import NotebookClient
+
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
+                   record_timing=False).execute()
+    return nb
+
+
+def write_solutions(execute_cells: bool = True, dest: Path | None = None, chapters=None) -> list[Path]:
+    dest = Path(dest or SOLUTIONS)
+    exercises = all_exercises()
+    written = []
+    for ch in chapters or CHAPTERS:
+        if not any(e.chapter == ch for e in exercises.values()):
+            continue
+        nb = chapter_notebook(ch, exercises)
+        folder = dest / f"ch{ch:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if execute_cells:
+            execute(nb, folder)
+        path = folder / f"ch{ch:02d}.ipynb"
+        nbformat.write(nb, str(path))
+        written.append(path)
+    return written
+
+
+def sources(path: Path) -> list[tuple[str, str, str]]:
+    """(cell type, id, source) of a notebook: what must match between builds."""
+    nb = json.loads(Path(path).read_text())
+    return [(c["cell_type"], c.get("id", ""), "".join(c["source"])) for c in nb["cells"]]

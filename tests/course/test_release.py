@@ -1,0 +1,77 @@
+"""The committed student release is what the source gives (CI regenerates it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from attn_course import EXERCISES, LIBRARY, RELEASE_LIBRARY, ROOT
+from attn_course.regions import exercise_of_stub, library_regions
+from attn_course.registry import CHAPTERS, all_exercises
+from attn_course.release import check_regions, check_release
+
+
+def test_at_least_three_exercises_per_chapter():
+    exercises = all_exercises()
+    for ch in CHAPTERS:
+        assert sum(e.chapter == ch for e in exercises.values()) >= 3, f"chapter {ch}"
+    assert len(exercises) >= 30
+
+
+def test_every_region_has_an_exercise_and_every_exercise_a_region():
+    check_regions(all_exercises(), strict=True)
+
+
+def test_book_defines_every_graded_exercise():
+    """Each exercise is in its chapter, labelled, with the check command."""
+    for e in all_exercises().values():
+        text = (ROOT / "chapters" / f"{CHAPTERS[e.chapter][0]}.md").read_text()
+        assert f":label: {e.label}\n" in text, e.id
+        assert f"Graded exercise {e.id}: run `attn-course check {e.id}`" in text, e.id
+
+
+def test_stub_messages_name_their_exercise():
+    text = "\n".join(p.read_text() for p in (RELEASE_LIBRARY / "attn_tensors").rglob("*.py"))
+    owners = {r.exercise for r in library_regions(LIBRARY)}
+    for ex in owners:
+        assert f"NotImplementedError('Exercise {ex}: implement " in text, ex
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    assert exercise_of_stub("Exercise 5.2: implement softmax_jacobian (x)") == "5.2"
+
+
+def test_stub_package_imports_everything():
+    code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); import attn_tensors; "
+            "assert attn_tensors.__file__.startswith(sys.argv[1]), attn_tensors.__file__; "
+            "[importlib.import_module('attn_tensors.' + m) for m in sorted(attn_tensors._SUBMODULES)]")
+    subprocess.run([sys.executable, "-c", code, str(RELEASE_LIBRARY)], check=True, cwd="/")
+
+
+def test_hidden_cases_are_not_released():
+    """The release holds the public cases only: no hidden input reaches it."""
+    import json
+
+    from attn_course import values
+    from attn_course.registry import secret
+
+    released = {}
+    for path in (RELEASE_LIBRARY / "cases").glob("*.json"):
+        released.update(json.loads(path.read_text()))
+    text = "\n".join(p.read_text() for p in (RELEASE_LIBRARY / "cases").glob("*.json"))
+    for e in all_exercises().values():
+        assert len(released[e.id]["cases"]) == len(e.make_cases(False)), e.id
+        for case in e.make_cases(True, secret()):
+            for name, v in case.inputs.items():
+                if hasattr(v, "size") and v.size >= 4 and v.dtype.kind == "f":
+                    enc = json.dumps(values.encode(v)["data"][:4])[1:-1]
+                    assert enc not in text, f"hidden input {name} of {e.id} is in the release"
+    for nb in EXERCISES.glob("ch*/*.ipynb"):
+        text = nb.read_text()
+        assert "check_hidden" not in text and "HIDDEN TESTS" not in text, nb
+
+
+@pytest.mark.slow
+def test_committed_release_matches_the_source():
+    problems = check_release()
+    assert not problems, "\n".join(problems) + "\nrun `attn-course release` and commit"
