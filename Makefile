@@ -10,13 +10,14 @@ STAMP  := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-# Debian packages: TeX Live for the PDF, Chromium and poppler for the reader tests.
+# Debian packages: TeX Live for the PDF, Chromium and poppler for the reader tests,
+# bubblewrap for the grading sandbox.
 APT_PDF  := texlive-latex-extra texlive-fonts-recommended texlive-xetex latexmk \
             tex-gyre fonts-freefont-otf poppler-utils
-APT_TEST := $(APT_PDF) chromium
+APT_TEST := $(APT_PDF) chromium bubblewrap
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: book pdf test bench venv clean apt-pdf apt-test
+.PHONY: book pdf test bench venv clean apt-pdf apt-test release
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -31,7 +32,7 @@ apt-pdf:
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PDF); }
 
 apt-test:
-	@command -v latexmk >/dev/null && command -v pdftotext >/dev/null && command -v chromium >/dev/null || \
+	@command -v latexmk >/dev/null && command -v pdftotext >/dev/null && command -v chromium >/dev/null && command -v bwrap >/dev/null || \
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_TEST); } || \
 	  echo "warning: could not install $(APT_TEST); the reader tests will skip"
 
@@ -42,8 +43,15 @@ pdf: $(STAMP) apt-pdf
 	$(BIN)/jupyter-book build . -W -n --keep-going --builder pdflatex
 	@echo "PDF: _build/latex/book.pdf"
 
+# The library, book and course tests; then the committed solution notebooks,
+# re-executed by nbval, must reproduce the outputs they show.
 test: $(STAMP) apt-test
-	ATTN_REQUIRE_MLX=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	ATTN_REQUIRE_MLX=1 ATTN_REQUIRE_BWRAP=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest --nbval solutions -n 2 --dist loadfile -p no:cacheprovider
+
+# (instructors) rebuild exercises/ and solutions/ from the library source
+release: $(STAMP)
+	$(BIN)/attn-course release
 
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -28,6 +28,7 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.solution_directory = "grading/source_solutions"
+(ROOT / "grading").mkdir(exist_ok=True)  # sqlite does not create the folder
 c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
 
 # The stub that replaces each solution region in the released notebooks.

@@ -11,6 +11,7 @@ Instructors::
 
     attn-course release [--check]            write (or verify) exercises/ and solutions/
     attn-course validate [SPEC]              reference passes, stub fails, every exercise
+    attn-course grade DIR --out GRADING      grade a folder of submission archives
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def cmd_validate(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_grade(args) -> int:
+    from .grade import main_grade
+
+    return main_grade(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="(instructors) reference passes and stub fails")
     v.add_argument("spec", nargs="?", default="all")
     v.set_defaults(func=cmd_validate)
+    g = sub.add_parser("grade", help="(instructors) grade a folder of submission archives")
+    g.add_argument("submissions", help="folder of *.zip archives (from `attn-course submit`)")
+    g.add_argument("--out", required=True, help="grading folder (gradebook, feedback, report)")
+    g.add_argument("--exercises", default="all", help="exercise, chapter or all (default)")
+    g.add_argument("--jobs", type=int, default=2, help="parallel workers (default 2)")
+    g.add_argument("--regrade", action="store_true", help="grade finished archives again")
+    g.add_argument("--no-bwrap", action="store_true", help="do not use bubblewrap (limits only)")
+    g.add_argument("--nbgrader", metavar="DB_URL",
+                   help="also write the scores into this nbgrader gradebook (e.g. sqlite:///grading/gradebook.db)")
+    g.set_defaults(func=cmd_grade)
     return p
 
 

@@ -51,7 +51,7 @@ def _region_end_lines(module_path: Path) -> dict[str, int]:
     ends = {}
     for r in library_regions(LIBRARY):
         if r.path == module_path:
-            ends[r.function] = max(ends.get(r.function, 0), r.end)
+            ends[r.top] = max(ends.get(r.top, 0), r.end)
     return ends
 
 
@@ -62,7 +62,7 @@ def answer_source(ex: Exercise) -> tuple[str, list[str], str]:
     funcs = _functions(module_path)
     text = module_path.read_text().splitlines(keepends=True)
     ends = _region_end_lines(module_path)
-    with_region = [r.function for r in library_regions(LIBRARY) if r.exercise == owner and r.path == module_path]
+    with_region = [r.top for r in library_regions(LIBRARY) if r.exercise == owner and r.path == module_path]
     names = list(dict.fromkeys([f for f in with_region if f != ex.name] + [ex.name]))
     parts = []
     for name in names:
@@ -126,6 +126,14 @@ def free_names(source: str, defined: list[str]) -> list[str]:
     return sorted(n for n in used - set(defined) if not hasattr(builtins, n) and n not in bound)
 
 
+def module_globals(module: str, names: list[str]) -> list[str]:
+    """The names that the library module really defines (locals and builtins drop out)."""
+    import importlib
+
+    mod = importlib.import_module(f"attn_tensors.{module}")
+    return [n for n in names if hasattr(mod, n)]
+
+
 def _statement(ex: Exercise) -> str:
     """The exercise text from the book (the exercise directive's body)."""
     page = ROOT / "chapters" / f"{CHAPTERS[ex.chapter][0]}.md"
@@ -158,7 +166,7 @@ def chapter_notebook(ch: int, exercises: dict[str, Exercise]) -> nbformat.Notebo
     ]
     for e in chosen:
         src, names, module = answer_source(e)
-        imports = free_names(src, names)
+        imports = module_globals(module, free_names(src, names))
         gid = e.label
         cells.append(nbformat.v4.new_markdown_cell(
             f"## Exercise {e.id}: {e.title} ({e.points} points)\n\n{_statement(e)}\n\n"

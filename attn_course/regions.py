@@ -43,6 +43,7 @@ class Region:
     path: Path
     module: str  # "statmech"
     function: str  # the innermost enclosing def, e.g. "_weight_entropy"
+    top: str  # the module-level def that contains it
     begin: int  # 1-based line of the BEGIN marker
     end: int  # 1-based line of the END marker
     indent: str
@@ -95,7 +96,8 @@ def find_regions(path: Path, module: str | None = None) -> list[Region]:
             if not inside:
                 raise RegionError(f"{path}:{start}: a solution region must sit inside a function")
             func = max(inside, key=lambda s: s[0])[2]
-            regions.append(Region(b.group("id"), path, module or path.stem, func, start, n, b.group("indent")))
+            top = min(inside, key=lambda s: s[0])[2]
+            regions.append(Region(b.group("id"), path, module or path.stem, func, top, start, n, b.group("indent")))
             open_ = None
     if open_ is not None:
         raise RegionError(f"{path}:{open_[0]}: BEGIN SOLUTION is never closed")

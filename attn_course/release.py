@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import filecmp
 import json
+import os
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -169,6 +171,10 @@ def _nbgrader_api(root: Path):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
+    # nbgrader runs `alembic` as a command: this environment's bin must be on PATH
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
     config.CourseDirectory.root = str(root)
     config.CourseDirectory.db_url = f"sqlite:///{root / 'grading' / 'gradebook.db'}"

@@ -88,16 +88,30 @@ def _job(package: Path, items: list[tuple[Exercise, list[Case]]]) -> dict:
 
 
 def _read_lines(path: Path) -> list[dict]:
-    size = path.stat().st_size if path.exists() else 0
-    if size > MAX_RESULT_BYTES:
-        raise ValueError(f"the worker wrote {size} bytes of results (limit {MAX_RESULT_BYTES})")
+    """The worker's JSON lines; never follows a link, reads a FIFO or a huge file."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise ValueError(f"the results file was tampered with ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("the results file was replaced by something that is not a file")
+        if st.st_size > MAX_RESULT_BYTES:
+            raise ValueError(f"the worker wrote {st.st_size} bytes of results (limit {MAX_RESULT_BYTES})")
+        data = f.read(MAX_RESULT_BYTES + 1)
     out = []
-    if size:
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a half-written last line: the worker died while writing
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a half-written line: a worker died (or two processes) while writing
+        if isinstance(obj, dict):
+            out.append(obj)
     return out
 
 
@@ -113,30 +127,47 @@ def run_worker(
     package: Path,
     items: list[tuple[Exercise, list[Case]]],
     limits: Limits | None = None,
-    command=default_command,
+    sandbox=None,
 ) -> dict[str, list[dict]]:
-    """Each exercise's raw results (decoded), running the package in workers."""
+    """Each exercise's raw results (decoded), running the package in workers.
+
+    ``sandbox`` (:mod:`attn_course.sandbox`) confines the worker; the default
+    runs it plainly (a student's own check).
+    """
+    from .sandbox import Local
+
     limits = limits or Limits()
+    sandbox = sandbox or Local()
+    if hasattr(sandbox, "bind_package"):
+        sandbox.bind_package(package)
     raw: dict[str, list[dict]] = {}
     remaining = list(items)
     with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp:
         tmp = Path(tmp)
+        os.chmod(tmp, 0o711)  # a worker under its own uid may enter its folder, not list others
         attempt = 0
         while remaining:
             attempt += 1
-            job, out = tmp / f"job{attempt}.json", tmp / f"out{attempt}.jsonl"
-            log = tmp / f"log{attempt}.txt"
             work = tmp / f"work{attempt}"
             work.mkdir()
-            job.write_text(json.dumps(_job(Path(package), remaining)))
+            job, out = work / "job.json", work / "out.jsonl"
+            log = tmp / f"log{attempt}.txt"
+            job_data = _job(Path(package), remaining)
+            job_data["package"] = sandbox.package_path(Path(package))
+            job.write_text(json.dumps(job_data))
             out.touch()
-            argv, env = command(job, out, work, limits)
+            sandbox.prepare(work, Path(package))
+            argv, env, preexec = sandbox.command(job, out, work, limits)
             with open(log, "wb") as log_f:
                 proc = subprocess.Popen(argv, cwd=work, env=env, stdout=log_f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=preexec is None,
+                                        preexec_fn=preexec)
                 current, started, verdict = None, time.monotonic(), None
                 while True:
                     rc = proc.poll()
+                    if log.stat().st_size > limits.output_kb * 1024 * 64:
+                        _kill(proc)
+                        verdict = ("crashed", f"printed more than {limits.output_kb * 64 // 1024} MB (output limit)")
                     try:
                         lines = _read_lines(out)
                     except ValueError as err:
@@ -148,27 +179,33 @@ def run_worker(
                     pending = [s for s in starts if s not in done]
                     if pending and pending[-1] != current:
                         current, started = pending[-1], time.monotonic()
-                    if verdict:
+                    if verdict or rc is not None:
                         break
-                    if rc is not None:
-                        break
-                    if time.monotonic() - started > limits.per_exercise_s + (5.0 if current is None else 0.0):
+                    # the first exercise also pays for starting Python and importing JAX
+                    grace = 20.0 if current is None or current == remaining[0][0].id else 0.0
+                    if time.monotonic() - started > limits.per_exercise_s + grace:
                         _kill(proc)
                         verdict = ("timeout", f"stopped after {limits.per_exercise_s:g} s (time limit)")
                         break
                     time.sleep(0.02)
                 rc = proc.wait()
-            lines = _read_lines(out) if verdict is None or verdict[0] != "crashed" else []
+                sandbox.cleanup()
+            try:
+                lines = _read_lines(out) if verdict is None or verdict[0] != "crashed" else []
+            except ValueError as err:
+                verdict, lines = ("crashed", str(err)), []
             for ln in lines:
-                if "id" in ln:
+                if "id" in ln and ln["id"] in {ex.id for ex, _ in remaining}:
                     try:
                         raw[ln["id"]] = values.decode(ln["results"])
-                    except values.ValueFormatError as err:
-                        raw[ln["id"]] = [{"status": "bad_value", "message": str(err)}]
+                    except (values.ValueFormatError, KeyError, TypeError) as err:
+                        raw[ln["id"]] = [{"status": "bad_value", "message": f"unreadable result: {err}"}]
             todo = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
             if not todo:
                 break
             culprit = todo[0][0].id if current is None or current in raw else current
+            if culprit not in {ex.id for ex, _ in todo}:
+                culprit = todo[0][0].id
             if verdict is None:
                 tail = log.read_bytes()[-limits.output_kb * 1024 :].decode(errors="replace").strip().splitlines()
                 why = describe_exit(rc)
@@ -184,6 +221,8 @@ def describe_exit(rc: int) -> str:
 
     if rc is None:
         return "the worker did not finish"
+    if rc > 128 and rc - 128 in (4, 6, 7, 8, 9, 11, 24, 25):
+        rc = -(rc - 128)  # bubblewrap reports its child's death by signal N as 128 + N
     if rc < 0:
         try:
             name = signal.Signals(-rc).name
@@ -200,6 +239,10 @@ def _kill(proc: subprocess.Popen) -> None:
 
     try:
         os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -274,8 +317,13 @@ def compare_values(exp: dict, got: dict, rtol: float, atol: float, show: bool) -
             return f"{name} has shape {g.shape}, expected {e.shape}"
         if e.dtype.kind == "b" or g.dtype.kind == "b":
             if not np.array_equal(e.astype(bool), g.astype(bool)) or e.dtype.kind != g.dtype.kind:
-                bad = tuple(int(i) for i in np.argwhere(e != g)[0]) if np.any(e != g) else ()
-                msg = f"{name} is wrong" + (f" at index {bad}" if bad else f" (dtype {g.dtype}, expected {e.dtype})")
+                if e.dtype.kind != g.dtype.kind:
+                    msg = f"{name} has dtype {g.dtype}, expected {e.dtype}"
+                elif e.ndim == 0:
+                    msg = f"{name} is {g.item()!r}, expected {e.item()!r}"
+                else:
+                    bad = tuple(int(i) for i in np.argwhere(e != g)[0])
+                    msg = f"{name} is wrong at index {bad}"
                 return msg + (f"\n  expected {_fmt(e)}\n  got      {_fmt(g)}" if show else "")
             continue
         e64, g64 = e.astype(np.float64), g.astype(np.float64)

@@ -105,6 +105,8 @@ def evaluate(fn: Any, probe: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     except RecursionError as err:
         return {"status": "raised", "type": "RecursionError", "message": str(err)[:MAX_MESSAGE]}
     except Exception as err:  # noqa: BLE001 - the submission's exception is data
+        if isinstance(err, OSError) and err.errno == 27:
+            err = OSError(27, "File too large: the file size limit stopped it (is something printing or writing too much?)")
         return {
             "status": "raised",
             "type": type(err).__name__,

@@ -49,6 +49,7 @@ def attention_scores(Q: Any, K: Any, g: Any = None, *, scale: float | None = Non
     """
     xp = namespace(Q, K, g)
     Q, K = xp.floating(xp.asarray(Q), xp.asarray(K))
+    ### BEGIN SOLUTION 2.1
     _check_qk(xp, Q, K)
     check_finite(xp, Q=Q, K=K)
     if g is not None:
@@ -59,6 +60,7 @@ def attention_scores(Q: Any, K: Any, g: Any = None, *, scale: float | None = Non
     scale = 1.0 / float(np.sqrt(d_k)) if scale is None else float(scale)
     # S^{ij} = Q^{ia} K^{ja} / sqrt(d_k)
     return xp.einsum("...ia,...ja->...ij", Q, K) * scale
+    ### END SOLUTION
 
 
 def low_rank_metric(W_Q: Any, W_K: Any) -> Any:
@@ -73,9 +75,11 @@ def low_rank_metric(W_Q: Any, W_K: Any) -> Any:
     require_ndim(W_Q, "W_Q", "da")
     require_ndim(W_K, "W_K", "ea")
     require_match("a", ("W_Q", "d_k", W_Q.shape[-1]), ("W_K", "d_k", W_K.shape[-1]))
+    ### BEGIN SOLUTION 2.5
     d_k = W_Q.shape[-1]
     # M_{de} = W_Q^{da} W_K^{ea} / sqrt(d_k)
     return xp.einsum("...da,...ea->...de", W_Q, W_K) / float(np.sqrt(d_k))
+    ### END SOLUTION
 
 
 def kernel_scores(X: Any, M: Any, Y: Any = None) -> Any:
@@ -99,10 +103,12 @@ def attention_output(A: Any, V: Any) -> Any:
     A, V = xp.floating(xp.asarray(A), xp.asarray(V))
     require_ndim(A, "A", "ij")
     require_ndim(V, "V", "jb")
+    ### BEGIN SOLUTION 2.3
     require_match("j", ("A", "n_k", A.shape[-1]), ("V", "n_k", V.shape[-2]))
     batch_shape((A, 2), (V, 2))
     # O^{ib} = A^{ij} V^{jb}
     return xp.einsum("...ij,...jb->...ib", A, V)
+    ### END SOLUTION
 
 
 class AttentionParts(NamedTuple):
@@ -129,12 +135,14 @@ def attention_decomposition(
     K, V = xp.asarray(K), xp.asarray(V)
     require_ndim(K, "K", "ja")
     require_ndim(V, "V", "jb")
+    ### BEGIN SOLUTION 2.4
     require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
     check_finite(xp, V=V)
     S = attention_scores(Q, K, g, scale=scale)
     A, log_Z = softmax_and_log_partition(S, mask, T, xp)
     O = attention_output(A, V)
     return AttentionParts(S, A, log_Z, O)
+    ### END SOLUTION
 
 
 def scaled_dot_product_attention(

@@ -64,8 +64,10 @@ def learned_metric(W: Any) -> Any:
     xp = namespace(W)
     (W,) = xp.floating(xp.asarray(W))
     require_ndim(W, "W", "ca")
+    ### BEGIN SOLUTION 1.2
     # g_{ab} = W_{ca} W_{cb}
     return xp.einsum("...ca,...cb->...ab", W, W)
+    ### END SOLUTION
 
 
 def diagonal_metric(w: Any) -> Any:
@@ -105,10 +107,12 @@ def lower_index(v: Any, g: Any) -> Any:
     v, g = xp.floating(xp.asarray(v), xp.asarray(g))
     require_ndim(v, "v", "b")
     require_square(g, "g")
+    ### BEGIN SOLUTION 1.1
     require_match("b", ("g", "d", g.shape[-1]), ("v", "d", v.shape[-1]))
     batch_shape((g, 2), (v, 1))
     # v_a = g_{ab} v^b
     return xp.einsum("...ab,...b->...a", g, v)
+    ### END SOLUTION
 
 
 def raise_index(u: Any, g: Any) -> Any:
@@ -153,12 +157,14 @@ def bilinear_form_batch(Q: Any, K: Any, g: Any) -> Any:
     require_ndim(Q, "Q", "ia")
     require_ndim(K, "K", "jb")
     require_ndim(g, "g", "ab")
+    ### BEGIN SOLUTION 1.3
     require_match("a", ("g", "rows", g.shape[-2]), ("Q", "d_k", Q.shape[-1]))
     require_match("b", ("g", "columns", g.shape[-1]), ("K", "d_k", K.shape[-1]))
     batch_shape((Q, 2), (g, 2), (K, 2))
     # K_lower_{ja} = g_{ab} K^{jb}, then S^{ij} = Q^{ia} K_lower_{ja}
     K_lower = xp.einsum("...ab,...jb->...ja", g, K)
     return xp.einsum("...ia,...ja->...ij", Q, K_lower)
+    ### END SOLUTION
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,7 @@ def check_metric(g: Any, rtol: float | None = None) -> MetricReport:
         raise AttentionInputError(
             f"check_metric takes one metric of shape (d, d); got shape {tuple(g.shape)}"
         )
+    ### BEGIN SOLUTION 1.5
     G = np.asarray(g, dtype=np.float64)
     d = G.shape[0]
     eps = float(np.finfo(np.asarray(g).dtype).eps)
@@ -217,6 +224,7 @@ def check_metric(g: Any, rtol: float | None = None) -> MetricReport:
     else:
         kind = "indefinite"
     return MetricReport(d, symmetric, rank, float(lam[0]), float(lam[-1]), kind)
+    ### END SOLUTION
 
 
 def is_positive_definite(g: Any, rtol: float | None = None) -> bool:

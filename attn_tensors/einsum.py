@@ -420,6 +420,7 @@ def loop_einsum(subscripts: str, *arrays: Any) -> np.ndarray:
     oracle the tests compare :func:`einsum` with.
     """
     spec = parse_einsum(subscripts, *arrays)
+    ### BEGIN SOLUTION 1.4
     ops = [np.array(x, dtype=np.float64) for x in arrays]  # copies
     sizes = dict(spec.index_sizes or ())
 
@@ -460,6 +461,7 @@ def loop_einsum(subscripts: str, *arrays: Any) -> np.ndarray:
             term_value *= x[tuple(0 if fixed else at[c] for c, fixed in axes)]
         out[tuple(at[c] for c in out_axes)] += term_value
     return out
+    ### END SOLUTION
 
 
 def einsum(subscripts: str, *arrays: Any, names: Sequence[str] | None = None) -> Any:

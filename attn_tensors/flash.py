@@ -73,6 +73,9 @@ BLOCK_K = 512
 def _online_block(xp: Backend, m: Any, l: Any, s: Any) -> tuple[Any, Any, Any, Any]:
     """One step of the online softmax, also returning the rescale and exp(s - m')."""
     neg_inf = xp.scalar(-float("inf"), s)
+    # Returns (m', l', alpha, p): alpha = exp(m - m') rescales the old sums,
+    # p^j = exp(s^j - m') are the new block's terms (flash attention uses both).
+    ### BEGIN SOLUTION 9.1
     # m' = max(m, max_j s^j): a shift only, so no gradient flows through it.
     m_new = xp.stop_gradient(xp.maximum(m, xp.max(s, axis=-1)))
     # With every entry so far -inf, m' = -inf: shift by 0 instead, so that
@@ -82,6 +85,7 @@ def _online_block(xp: Backend, m: Any, l: Any, s: Any) -> tuple[Any, Any, Any, A
     p = xp.exp(s - m_safe[..., None])  # exp(s^j - m'), 0 for s^j = -inf
     l_new = l * alpha + xp.sum(p, axis=-1)
     return m_new, l_new, alpha, p
+    ### END SOLUTION
 
 
 def online_softmax_update(m: Any, l: Any, x_new: Any) -> tuple[Any, Any]:
@@ -123,7 +127,10 @@ def online_logsumexp(x: Any, block: int = 128) -> Any:
 def _online_lse_core(xp: Backend, block: int):
     """online_logsumexp's loop, compiled once per (shape, block)."""
 
+    # run(x) = log sum_j exp(x^j) over the last axis: pad x with -inf to whole
+    # blocks of `block`, carry only (m, l) through _online_block, return m + log l.
     def run(x):
+        ### BEGIN SOLUTION 9.4
         n = x.shape[-1]
         n_blocks = max(1, -(-n // block))
         pad = n_blocks * block - n
@@ -144,6 +151,7 @@ def _online_lse_core(xp: Backend, block: int):
         alive = l > 0
         l_safe = xp.where(alive, l, xp.ones_like(l))
         return xp.where(alive, m + xp.log(l_safe), xp.full(l.shape, neg_inf, dtype=l.dtype))
+        ### END SOLUTION
 
     return xp.compile(run)
 

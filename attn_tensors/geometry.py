@@ -140,6 +140,7 @@ def cosine_similarity(u: Any, v: Any, g: Any) -> Any:
     u, g = _vector_and_metric(xp, u, g, "u")
     v, g = _vector_and_metric(xp, v, g, "v")
     batch_shape((u, 1), (v, 1), (g, 2))
+    ### BEGIN SOLUTION 4.1
     nu = xp.sqrt(_squared_length(xp, u, g, "u"))
     nv = xp.sqrt(_squared_length(xp, v, g, "v"))
     _require_nonzero(xp, nu, "u")
@@ -147,6 +148,7 @@ def cosine_similarity(u: Any, v: Any, g: Any) -> Any:
     # B(u, v) = u^a g_{ab} v^b
     b = xp.einsum("...a,...ab,...b->...", u, g, v)
     return b / (nu * nv)
+    ### END SOLUTION
 
 
 def angle(u: Any, v: Any, g: Any) -> Any:
@@ -156,9 +158,11 @@ def angle(u: Any, v: Any, g: Any) -> Any:
     1 for parallel vectors, where arccos would give NaN.
     """
     xp = namespace(u, v, g)
+    ### BEGIN SOLUTION 4.1
     c = cosine_similarity(u, v, g)
     one = xp.scalar(1.0, c)
     return xp.arccos(xp.clip(c, -one, one))
+    ### END SOLUTION
 
 
 def volume_element(g: Any) -> Any:
@@ -241,12 +245,14 @@ def christoffel_first_kind(metric_fn: MetricField, x: Any) -> Any:
     """
     dg = metric_derivatives(metric_fn, x)  # dg[c, a, b] = d_c g_{ab}
     xp = namespace(dg)
+    ### BEGIN SOLUTION 4.2
     # d_a g_{bd} -> [d, a, b]
     t1 = xp.einsum("abd->dab", dg)
     # d_b g_{ad} -> [d, a, b]
     t2 = xp.einsum("bad->dab", dg)
     # d_d g_{ab} is dg[d, a, b] already
     return (t1 + t2 - dg) / 2
+    ### END SOLUTION
 
 
 def christoffel_symbols(metric_fn: MetricField, x: Any) -> Any:
@@ -260,10 +266,12 @@ def christoffel_symbols(metric_fn: MetricField, x: Any) -> Any:
     xp = namespace(x)
     x = _point(xp, x)
     g = _metric_at(xp, metric_fn, x)
+    ### BEGIN SOLUTION 4.2
     first = christoffel_first_kind(metric_fn, x)  # [d, a, b]
     # Gamma^c_{ab} = g^{cd} Gamma_{dab}: raise the last index of [a, b, d]
     up = raise_index(xp.einsum("dab->abd", first), g)  # [a, b, c]
     return xp.einsum("abc->cab", up)
+    ### END SOLUTION
 
 
 def covariant_derivative_vector(
@@ -330,10 +338,12 @@ def fisher_information_logits(A: Any) -> Any:
     xp = namespace(A)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "j")
+    ### BEGIN SOLUTION 4.3
     n = A.shape[-1]
     eye = xp.eye(n, dtype=A.dtype)
     # F_{jk} = A_j delta_{jk} - A_j A_k
     return xp.einsum("...j,jk->...jk", A, eye) - xp.einsum("...j,...k->...jk", A, A)
+    ### END SOLUTION
 
 
 def fisher_information_query(
@@ -386,6 +396,7 @@ def _damped(xp: Backend, grad: Any, fisher: Any, damping: Any) -> tuple[Any, Any
         "j", ("fisher", "p", fisher.shape[-1]), ("grad", "p", grad.shape[-1])
     )
     batch_shape((grad, 1), (fisher, 2))
+    ### BEGIN SOLUTION 4.4
     if isinstance(damping, (int, float)) and not (0 <= damping < float("inf")):
         raise AttentionInputError(
             f"damping must be a finite number >= 0; got damping={damping}"
@@ -393,6 +404,7 @@ def _damped(xp: Backend, grad: Any, fisher: Any, damping: Any) -> tuple[Any, Any
     p = fisher.shape[-1]
     # (F + lambda I)_{ij}
     return grad, fisher + damping * xp.eye(p, dtype=fisher.dtype)
+    ### END SOLUTION
 
 
 def natural_gradient(grad: Any, fisher: Any, damping: Any = 1e-3) -> Any:
@@ -406,9 +418,11 @@ def natural_gradient(grad: Any, fisher: Any, damping: Any = 1e-3) -> Any:
     ``xp.solve``; the inverse is never formed.
     """
     xp = namespace(grad, fisher)
+    ### BEGIN SOLUTION 4.4
     grad, F = _damped(xp, grad, fisher, damping)
     # nat^i = (F + lambda I)^{-1 ij} dL/dtheta^j
     return raise_index(grad, F)
+    ### END SOLUTION
 
 
 def natural_gradient_step(
@@ -426,5 +440,7 @@ def natural_gradient_step(
     require_match(
         "i", ("grad", "p", xp.asarray(grad).shape[-1]), ("theta", "p", theta.shape[-1])
     )
+    ### BEGIN SOLUTION 4.4
     step = natural_gradient(grad, fisher, damping)
     return theta - lr * step
+    ### END SOLUTION

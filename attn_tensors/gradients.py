@@ -114,6 +114,7 @@ def softmax_jacobian(A: Any, T: Any = 1.0) -> Any:
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "ij")
     check_temperature(T, xp)
+    ### BEGIN SOLUTION 5.2
     n_k = A.shape[-1]
     delta = xp.eye(n_k, dtype=A.dtype)
     # A^{ij} delta_{jk}
@@ -122,6 +123,7 @@ def softmax_jacobian(A: Any, T: Any = 1.0) -> Any:
     outer = xp.einsum("...ij,...ik->...ijk", A, A)
     # J^{ijk} = (1/T) A^{ij} (delta_{jk} - A^{ik})
     return (diag - outer) / T
+    ### END SOLUTION
 
 
 def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
@@ -139,10 +141,12 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
     require_match("i", ("A", "n_q", A.shape[-2]), ("dL_dA", "n_q", dL_dA.shape[-2]))
     require_match("j", ("A", "n_k", A.shape[-1]), ("dL_dA", "n_k", dL_dA.shape[-1]))
     check_temperature(T, xp)
+    ### BEGIN SOLUTION 5.1
     # c^i = sum_k A^{ik} dL/dA^{ik}   (the mean of dL/dA under the weights)
     c = xp.einsum("...ik,...ik->...i", A, dL_dA)
     # dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - c^i)
     return _score_gradient(A, dL_dA, c, T)
+    ### END SOLUTION
 
 
 # -- the backward pass ---------------------------------------------------------
@@ -150,7 +154,9 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
 
 def _score_gradient(A: Any, dL_dA: Any, D: Any, T: Any) -> Any:
     """dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - D^i), D^i = sum_k A^{ik} dL/dA^{ik}."""
+    ### BEGIN SOLUTION 5.1
     return A * (dL_dA - D[..., None]) / T
+    ### END SOLUTION
 
 
 def attention_backward(
@@ -204,6 +210,7 @@ def attention_backward(
         )
     dL_dO = dL_dO.astype(A.dtype)
 
+    ### BEGIN SOLUTION 5.3
     # Contractions over the query index i are written with the small index
     # first (b j, a j) and then transposed: it is the small (d, n_k) result
     # that gets transposed, never the (n_q, n_k) matrix.  XLA does not care;
@@ -226,7 +233,6 @@ def attention_backward(
         dL_dQ = xp.einsum("...ij,...ja->...ia", dL_dS, K) * c
         # dL/dK^{ja} = dL/dS^{ij} Q^{ia} / sqrt(d_k)
         dL_dK = P * c
-        g_shape = (Q.shape[-1], K.shape[-1])
     else:
         # K_a^j = g_{ab} K^{jb}  (lower the key's index)
         K_lower = xp.einsum("...ab,...jb->...ja", g, K)
@@ -234,17 +240,25 @@ def attention_backward(
         dL_dQ = xp.einsum("...ij,...ja->...ia", dL_dS, K_lower)
         # dL/dK^{jb} = dL/dS^{ij} Q^{ia} g_{ab} = P^{ja} g_{ab}
         dL_dK = xp.einsum("...ja,...ab->...jb", P, g)
-        g_shape = tuple(g.shape)
+    # gradients of broadcast inputs: sum over the broadcast axes
+    dL_dQ = _sum_to_shape(xp, dL_dQ, Q.shape)
+    dL_dK = _sum_to_shape(xp, dL_dK, K.shape)
+    dL_dV = _sum_to_shape(xp, dL_dV, V.shape)
+    ### END SOLUTION
+
+    # The metric gradient (exercise 5.4) reuses P^{ja} = dL/dS^{ij} Q^{ia}.
+    # (Course note: until 5.4 is done, its stub stops this function; a
+    # placeholder dL_dg = None lets `attn-course check 5.3` run.)
+    ### BEGIN SOLUTION 5.4
+    # the implicit metric scale * delta_{ab} is (d_k, d_k)
+    g_shape = (Q.shape[-1], K.shape[-1]) if g is None else tuple(g.shape)
     # dL/dg_{ab} = dL/dS^{ij} Q^{ia} K^{jb} = P^{ja} K^{jb}
     dL_dg = xp.einsum("...ja,...jb->...ab", P, K)
+    dL_dg = _sum_to_shape(xp, dL_dg, g_shape)
+    ### END SOLUTION
 
     return AttentionGrads(
-        dL_dQ=_sum_to_shape(xp, dL_dQ, Q.shape),
-        dL_dK=_sum_to_shape(xp, dL_dK, K.shape),
-        dL_dV=_sum_to_shape(xp, dL_dV, V.shape),
-        dL_dA=dL_dA,
-        dL_dS=dL_dS,
-        dL_dg=_sum_to_shape(xp, dL_dg, g_shape),
+        dL_dQ=dL_dQ, dL_dK=dL_dK, dL_dV=dL_dV, dL_dA=dL_dA, dL_dS=dL_dS, dL_dg=dL_dg
     )
 
 
@@ -335,6 +349,7 @@ def finite_difference_gradients(
     small arrays (2 * x.size calls of ``f``).  This is a test helper, not a
     traced function, so it returns NumPy.
     """
+    ### BEGIN SOLUTION 5.5
     x = np.array(to_numpy(x), dtype=np.float64)
     grad = np.zeros_like(x)
     for idx in np.ndindex(*x.shape):
@@ -346,6 +361,7 @@ def finite_difference_gradients(
         x[idx] = orig
         grad[idx] = (f_plus - f_minus) / (2.0 * eps)
     return grad
+    ### END SOLUTION
 
 
 # -- checks that report Python bools and floats -------------------------------

@@ -143,6 +143,7 @@ def hebbian_weights(patterns: Any) -> Any:
     self-connections).
     """
     xp = namespace(patterns)
+    ### BEGIN SOLUTION 8.1
     (P,) = xp.floating(xp.asarray(patterns))
     require_ndim(P, "patterns", ("mu", "i"))
     check_finite(xp, patterns=P)
@@ -151,6 +152,7 @@ def hebbian_weights(patterns: Any) -> Any:
     W = xp.einsum("...mi,...mj->...ij", P, P) / N
     off_diagonal = 1 - xp.eye(N, dtype=W.dtype)
     return W * off_diagonal
+    ### END SOLUTION
 
 
 def classical_energy(W: Any, s: Any) -> Any:
@@ -173,6 +175,7 @@ def classical_async_sweep(W: Any, s: Any, order: Any) -> Any:
     xp = namespace(W, s)
     W, s = xp.floating(xp.asarray(W), xp.asarray(s))
     _check_ws(W, s)
+    ### BEGIN SOLUTION 8.2
     order = xp.asarray(order)
     N = s.shape[-1]
     if order.ndim != 1:
@@ -185,9 +188,13 @@ def classical_async_sweep(W: Any, s: Any, order: Any) -> Any:
                 f"order holds neuron indices outside 0..{N - 1} (index i has N={N})"
             )
     return _async_sweep(xp, W, s, order)
+    ### END SOLUTION
 
 
 def _async_sweep(xp: Backend, W: Any, s: Any, order: Any) -> Any:
+    """s_i <- sign(W_{ij} s^j) for i in ``order`` (checked inputs); also used by
+    :func:`classical_update` in asynchronous mode."""
+    ### BEGIN SOLUTION 8.2
     neurons = xp.arange(s.shape[-1])
 
     def step(state, i):
@@ -198,6 +205,7 @@ def _async_sweep(xp: Backend, W: Any, s: Any, order: Any) -> Any:
 
     s, _ = _scan(xp, step, s, order)
     return s
+    ### END SOLUTION
 
 
 def classical_update(W: Any, s: Any, *, mode: str = "synchronous") -> Any:
@@ -355,8 +363,8 @@ def _check_beta(beta: Any, xp: Backend) -> None:
         )
 
 
-def _modern_parts(xi: Any, K: Any, V: Any, beta: Any):
-    """One attention call: (log Z, new state) for query xi, keys K, values V, T = 1/beta."""
+def _modern_inputs(xi: Any, K: Any, V: Any, beta: Any):
+    """(xp, xi, K, V) as floating arrays, after the checks on indices a, mu and on beta."""
     xp = namespace(xi, K, V, beta if hasattr(beta, "shape") else None)
     xi, K, V = xp.floating(xp.asarray(xi), xp.asarray(K), xp.asarray(V))
     require_ndim(xi, "xi", "a")
@@ -365,13 +373,26 @@ def _modern_parts(xi: Any, K: Any, V: Any, beta: Any):
     require_match("a", ("X", "d", K.shape[-1]), ("xi", "d", xi.shape[-1]))
     require_match("mu", ("X", "M", K.shape[-2]), ("V", "M", V.shape[-2]))
     _check_beta(beta, xp)
+    return xp, xi, K, V
+
+
+def _modern_parts(xp: Backend, xi: Any, K: Any, V: Any, beta: Any):
+    """One attention call: (log Z, new state) for query xi, keys K, values V, T = 1/beta.
+
+    The inputs are already checked (:func:`_modern_inputs`); used by
+    :func:`hopfield_attention`, :func:`modern_update` and :func:`modern_retrieve`.
+    """
+    ### BEGIN SOLUTION 8.4
     # The query axis i of attention holds the single state: Q^{ia} = xi^a, n_q = 1.
     # S^{i mu} = xi^a X^{mu a},  A^{i mu} = softmax_mu(beta S),  O^{ib} = A^{i mu} V^{mu b}
     parts = attention_decomposition(xi[..., None, :], K, V, T=1.0 / beta, scale=1.0)
-    return xp, xi, K, parts.log_Z[..., 0], parts.O[..., 0, :]
+    return parts.log_Z[..., 0], parts.O[..., 0, :]
+    ### END SOLUTION
 
 
 def _energy_from(xp: Backend, xi: Any, X: Any, log_Z: Any, beta: Any, constants: bool) -> Any:
+    """E = -(1/beta) log_Z + 1/2 xi^a xi_a (+ constants), from log_Z = lse(beta X^{mu a} xi_a)."""
+    ### BEGIN SOLUTION 8.3
     # E = -(1/beta) lse(beta X^{mu a} xi_a) + 1/2 xi^a xi_a
     E = -log_Z / beta + 0.5 * xp.einsum("...a,...a->...", xi, xi)
     if constants:
@@ -379,6 +400,7 @@ def _energy_from(xp: Backend, xi: Any, X: Any, log_Z: Any, beta: Any, constants:
         R2 = xp.max(xp.einsum("...ma,...ma->...m", X, X), axis=-1)  # R^2 = max_mu |X^mu|^2
         E = E + math.log(M) / beta + 0.5 * R2
     return E
+    ### END SOLUTION
 
 
 def modern_energy(xi: Any, X: Any, beta: Any, *, constants: bool = False) -> Any:
@@ -390,8 +412,12 @@ def modern_energy(xi: Any, X: Any, beta: Any, *, constants: bool = False) -> Any
     formed).  ``constants=True`` adds Ramsauer's ``(1/beta) log M + 1/2 R^2``
     with ``R = max_mu |X^mu|``; they do not change the dynamics.
     """
-    xp, xi, X, log_Z, _ = _modern_parts(xi, X, X, beta)
-    return _energy_from(xp, xi, X, log_Z, beta, constants)
+    xp, xi, X, _ = _modern_inputs(xi, X, X, beta)
+    ### BEGIN SOLUTION 8.3
+    # log Z = log sum_mu exp(beta X^{mu a} xi_a): attention's log-partition at T = 1/beta
+    parts = attention_decomposition(xi[..., None, :], X, X, T=1.0 / beta, scale=1.0)
+    return _energy_from(xp, xi, X, parts.log_Z[..., 0], beta, constants)
+    ### END SOLUTION
 
 
 def hopfield_attention(xi: Any, K: Any, V: Any, beta: Any) -> Any:
@@ -401,7 +427,8 @@ def hopfield_attention(xi: Any, K: Any, V: Any, beta: Any) -> Any:
     computed by :func:`attn_tensors.attention.attention_decomposition` with
     raw dot products (``scale=1``) and temperature ``T = 1/beta``.
     """
-    return _modern_parts(xi, K, V, beta)[4]
+    xp, xi, K, V = _modern_inputs(xi, K, V, beta)
+    return _modern_parts(xp, xi, K, V, beta)[1]
 
 
 def modern_update(xi: Any, X: Any, beta: Any) -> Any:
@@ -410,7 +437,10 @@ def modern_update(xi: Any, X: Any, beta: Any) -> Any:
     One CCCP step of :func:`modern_energy`; it never raises the energy, and
     ``xi - modern_update(xi)`` is the gradient of the energy.
     """
-    return hopfield_attention(xi, X, X, beta)
+    xp, xi, X, _ = _modern_inputs(xi, X, X, beta)
+    ### BEGIN SOLUTION 8.4
+    return _modern_parts(xp, xi, X, X, beta)[1]
+    ### END SOLUTION
 
 
 def modern_retrieve(
@@ -424,14 +454,13 @@ def modern_retrieve(
     ``X`` and ``beta``.  Each step is one attention call, which yields both
     the energy of the current state (from log Z) and the next state.
     """
-    xp, xi, X, _, _ = _modern_parts(xi, X, X, beta)
+    xp, xi, X, _ = _modern_inputs(xi, X, X, beta)
     b = xp.asarray(beta, dtype=xi.dtype)
 
     def step(carry, _):
-        # X and beta ride in the carry: inside a JAX scan a closed-over
-        # concrete array would reach the value checks as a staged tracer.
+        # X and beta ride in the carry (the loop body sees them as tracers).
         state, X_c, b_c = carry
-        _, _, _, log_Z, new = _modern_parts(state, X_c, X_c, b_c)
+        log_Z, new = _modern_parts(xp, state, X_c, X_c, b_c)
         E = _energy_from(xp, state, X_c, log_Z, b_c, constants)
         return (new, X_c, b_c), (state, E)
 

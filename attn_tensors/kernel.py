@@ -122,11 +122,13 @@ def nadaraya_watson(
     require_ndim(V, "V", "jb")
     require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
     check_finite(xp, V=V)
+    ### BEGIN SOLUTION 9.2
     log_kappa = kernel(Q, K, log=True, **kernel_kwargs)
     # A^{ij} = kappa^{ij} / sum_j kappa^{ij} = exp(log kappa^{ij} - log Z^i)
     A, _ = softmax_and_log_partition(log_kappa, mask, 1.0, xp)
     # o^{ib} = A^{ij} V^{jb}
     return xp.einsum("...ij,...jb->...ib", A, V)
+    ### END SOLUTION
 
 
 # -- feature maps ----------------------------------------------------------------
@@ -136,8 +138,10 @@ def elu_plus_one(x: Any) -> Any:
     """phi(x)^c = elu(x^c) + 1 = x^c + 1 for x^c > 0, exp(x^c) otherwise (always positive)."""
     xp = namespace(x)
     (x,) = xp.floating(xp.asarray(x))
+    ### BEGIN SOLUTION 9.5
     # exp only sees x <= 0, so neither branch overflows (nor its gradient).
     return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, xp.zeros_like(x))))
+    ### END SOLUTION
 
 
 def _numpy_rng(key: Any) -> np.random.Generator:
@@ -214,6 +218,7 @@ def positive_random_features(X: Any, omega: Any, *, stabilize: bool = True) -> A
     require_ndim(X, "X", "a")
     require_ndim(omega, "omega", "ca", extra_ok=False)
     require_match("a", ("omega", "d_k", omega.shape[-1]), ("X", "d_k", X.shape[-1]))
+    ### BEGIN SOLUTION 9.3
     d_k, m = X.shape[-1], omega.shape[0]
     Xs = X / float(d_k) ** 0.25
     # u^{ic} = omega^{ca} x'^{ia} - |x'^i|^2 / 2
@@ -222,6 +227,7 @@ def positive_random_features(X: Any, omega: Any, *, stabilize: bool = True) -> A
         axes = (-2, -1) if u.ndim >= 2 else (-1,)
         u = u - xp.stop_gradient(xp.max(u, axis=axes, keepdims=True))
     return xp.exp(u) / float(np.sqrt(m))
+    ### END SOLUTION
 
 
 # -- linear attention --------------------------------------------------------------
@@ -331,12 +337,15 @@ def linear_attention(
         # padded keys: phi(k_j) = 0, so they add nothing to either sum
         phi_k = xp.where(mask[..., None], phi_k, xp.zeros_like(phi_k))
     if not causal:
+        # num^{ib} = phi(q)^{ic} S^{cb} and den^i = phi(q)^{ic} z^c, no (n_q, n_k) array
+        ### BEGIN SOLUTION 9.5
         # KV^{cb} = phi(k)^{jc} V^{jb};  z^c = sum_j phi(k)^{jc}
         KV = xp.einsum("...jc,...jb->...cb", phi_k, V)
         z = xp.sum(phi_k, axis=-2)
         # num^{ib} = phi(q)^{ic} KV^{cb};  den^i = phi(q)^{ic} z^c
         num = xp.einsum("...ic,...cb->...ib", phi_q, KV)
         den = xp.einsum("...ic,...c->...i", phi_q, z)
+        ### END SOLUTION
     else:
         if int(chunk) < 1:
             raise AttentionInputError(f"chunk size must be >= 1; got chunk={chunk}")

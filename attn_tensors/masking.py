@@ -85,6 +85,7 @@ def causal_mask(
     lower triangular).  Returns a boolean ``(n_q, n_k)`` array, MLX when
     ``like`` is an MLX array, JAX otherwise.
     """
+    ### BEGIN SOLUTION 7.1
     n_q = require_size(n_q, "n_q")
     n_k = n_q if n_k is None else require_size(n_k, "n_k")
     offset = _offset(n_q, n_k, offset)
@@ -92,6 +93,7 @@ def causal_mask(
     i, j = _positions(xp, n_q, n_k, offset)
     # M^{ij} = [j <= i + offset]
     return j <= i
+    ### END SOLUTION
 
 
 def sliding_window_mask(
@@ -118,6 +120,7 @@ def sliding_window_mask(
     n_q = require_size(n_q, "n_q")
     n_k = n_q if n_k is None else require_size(n_k, "n_k")
     offset = _offset(n_q, n_k, offset)
+    ### BEGIN SOLUTION 7.2
     window = require_size(window, "window", minimum=1 if causal else 0)
     xp = namespace_for(like)
     p, j = _positions(xp, n_q, n_k, offset)
@@ -126,6 +129,7 @@ def sliding_window_mask(
         return xp.logical_and(j <= p, j > p - window)
     # M^{ij} = [|p - j| <= w]
     return xp.abs(p - j) <= window
+    ### END SOLUTION
 
 
 def padding_mask(

@@ -58,16 +58,6 @@ __all__ = [
 
 
 # -- shapes and checks ----------------------------------------------------------
-def _project(xp: Backend, X: Any, W: Any, x_name: str, w_name: str) -> Any:
-    require_ndim(X, x_name, "id")
-    require_ndim(W, w_name, "hda", extra_ok=False)
-    require_match(
-        "d", (x_name, "d_model", X.shape[-1]), (w_name, "d_model", W.shape[-2])
-    )
-    # P^{hia} = X^{id} W^{hda}
-    return xp.einsum("...id,hda->...hia", X, W)
-
-
 def project_heads(X: Any, W: Any) -> Any:
     """Q^{hia} = X^{id} W^{hda}: one projection per head, einsum '...id,hda->...hia'.
 
@@ -75,8 +65,16 @@ def project_heads(X: Any, W: Any) -> Any:
     the same function makes queries, keys and values (``e`` = d_k or d_v).
     """
     xp = namespace(X, W)
+    ### BEGIN SOLUTION 6.1
     X, W = xp.floating(xp.asarray(X), xp.asarray(W))
-    return _project(xp, X, W, "X", "W")
+    require_ndim(X, "X", "id")
+    require_ndim(W, "W", "hda", extra_ok=False)
+    require_match(
+        "d", ("X", "d_model", X.shape[-1]), ("W", "d_model", W.shape[-2])
+    )
+    # P^{hia} = X^{id} W^{hda}
+    return xp.einsum("...id,hda->...hia", X, W)
+    ### END SOLUTION
 
 
 def _check_weights(X_q, X_kv, W_Q, W_K, W_V, W_O, n_kv_heads) -> tuple[int, int]:
@@ -183,11 +181,11 @@ def _forward(X_q, W_Q, W_K, W_V, W_O, X_kv, mask, T, n_kv_heads) -> _Forward:
     H, H_kv = _check_weights(X_q, X_kv, W_Q, W_K, W_V, W_O, n_kv_heads)
     batch = np.broadcast_shapes(tuple(X_q.shape[:-2]), tuple(X_kv.shape[:-2]))
     S_shape = tuple(batch) + (H, X_q.shape[-2], X_kv.shape[-2])
+    ### BEGIN SOLUTION 6.2
     mask = _group_mask(xp, mask, H, H_kv, S_shape)
-
-    Q = _project(xp, X_q, W_Q, "X_q", "W_Q")  # Q^{hia} = X^{id} W_Q^{hda}
-    K = _project(xp, X_kv, W_K, "X_kv", "W_K")  # K^{hja} = X^{jd} W_K^{hda}
-    V = _project(xp, X_kv, W_V, "X_kv", "W_V")  # V^{hjc} = X^{jd} W_V^{hdc}
+    Q = project_heads(X_q, W_Q)  # Q^{hia} = X^{id} W_Q^{hda}
+    K = project_heads(X_kv, W_K)  # K^{hja} = X^{jd} W_K^{hda}
+    V = project_heads(X_kv, W_V)  # V^{hjc} = X^{jd} W_V^{hdc}
     # Query heads as (H_kv, G); keys and values get a group axis of length 1.
     Qg = _group(xp, Q, H_kv, core=2)
     Kg = xp.expand_dims(K, -3)
@@ -198,6 +196,7 @@ def _forward(X_q, W_Q, W_K, W_V, W_O, X_kv, mask, T, n_kv_heads) -> _Forward:
     O = _merge(xp, parts.O, core=2)
     # Y^{id} = O^{hic} W_O^{hcd}   (sum over heads h and features c)
     Y = xp.einsum("...hic,hcd->...id", O, W_O)
+    ### END SOLUTION
     return _Forward(
         X_q, X_kv, (W_Q, W_K, W_V, W_O), H_kv, Q, K, V, (Qg, Kg, Vg), mask, parts, O, Y
     )
@@ -335,6 +334,7 @@ def multihead_backward(
         )
     dY = xp.broadcast_to(dY, tuple(f.Y.shape))
 
+    ### BEGIN SOLUTION 6.4
     # dL/dW_O^{hcd} = O^{hic} dL/dY^{id}   (summed over batch axes too)
     dW_O = xp.einsum("...hic,...id->hcd", f.O, dY)
     # dL/dO^{hic} = dL/dY^{id} W_O^{hcd}
@@ -368,6 +368,7 @@ def multihead_backward(
         dX = _sum_to_shape(xp, dX_q, f.X_q.shape)
         dX_kv = _sum_to_shape(xp, dX_kv, f.X_kv.shape)
     return MultiHeadGrads(dW_Q, dW_K, dW_V, dW_O, dX, dX_kv)
+    ### END SOLUTION
 
 
 # -- what the heads do ------------------------------------------------------------
@@ -442,6 +443,7 @@ def head_diversity(A: Any) -> Any:
     xp = namespace(A)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "hij")
+    ### BEGIN SOLUTION 6.3
     H = A.shape[-3]
     if H == 1:  # a static shape, not a backend branch: no pairs, D = 0
         return xp.zeros_like(A[..., 0, 0, 0])
@@ -450,3 +452,4 @@ def head_diversity(A: Any) -> Any:
     diag = C * xp.eye(H, dtype=C.dtype)
     off = xp.sum(C, axis=(-2, -1)) - xp.sum(diag, axis=(-2, -1))
     return 1.0 - off / float(H * (H - 1))
+    ### END SOLUTION

@@ -237,6 +237,7 @@ def relative_position_scores(
     xp = namespace(Q, K, R)
     Q, K, R = xp.floating(xp.asarray(Q), xp.asarray(K), xp.asarray(R))
     _qkv(xp, Q, K)
+    ### BEGIN SOLUTION 7.3
     n_q, n_k, d_k = Q.shape[-2], K.shape[-2], Q.shape[-1]
     _check_table(R, "R", n_q, n_k, max_distance)
     require_match("a", ("Q", "d_k", d_k), ("R", "d_k", R.shape[-1]))
@@ -251,6 +252,7 @@ def relative_position_scores(
     index = xp.broadcast_to(xp.asarray(idx), tuple(P.shape[:-1]) + (n_k,))
     position = xp.take_along_axis(P, index, axis=-1)
     return (content + position) * _default_scale(d_k, scale)
+    ### END SOLUTION
 
 
 def relative_position_attention(
@@ -433,10 +435,12 @@ def rotary_attention(
 # -- ALiBi (Press et al. 2022) -----------------------------------------------
 def _alibi_slopes_list(n: int) -> list[float]:
     """The reference recursion of Press et al. (their ``get_slopes``)."""
+    ### BEGIN SOLUTION 7.4
     if n & (n - 1) == 0:  # a power of two: m_h = 2^(-8h/n), h = 1..n
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
     n0 = 2 ** int(math.floor(math.log2(n)))  # closest power of two below n
     return _alibi_slopes_list(n0) + _alibi_slopes_list(2 * n0)[0::2][: n - n0]
+    ### END SOLUTION
 
 
 def alibi_slopes(n_heads: int, *, like: Any = None, dtype: Any = None) -> Any:
@@ -447,12 +451,14 @@ def alibi_slopes(n_heads: int, *, like: Any = None, dtype: Any = None) -> Any:
     every other slope of ``2 n0`` heads (``2^(-4h'/n0)`` for odd ``h'``)
     until there are ``n``.  Returns shape ``(n_heads,)``.
     """
+    ### BEGIN SOLUTION 7.4
     n = require_size(n_heads, "n_heads")
     xp = namespace_for(like)
     return xp.asarray(
         np.asarray(_alibi_slopes_list(n), dtype=np.float64),
         dtype=xp.default_float(like, dtype),
     )
+    ### END SOLUTION
 
 
 def alibi_bias(
@@ -550,11 +556,13 @@ def trilinear_scores(Q: Any, K1: Any, K2: Any, *, scale: float | None = None) ->
     """
     xp = namespace(Q, K1, K2)
     Q, K1, K2 = xp.floating(xp.asarray(Q), xp.asarray(K1), xp.asarray(K2))
+    ### BEGIN SOLUTION 7.5
     _check_triple(xp, Q, K1, K2)
     # S^{ijk} = Q^{ia} K1^{ja} K2^{ka} / sqrt(d_k)
     return xp.einsum("...ia,...ja,...ka->...ijk", Q, K1, K2) * _default_scale(
         Q.shape[-1], scale
     )
+    ### END SOLUTION
 
 
 def pair_softmax_and_log_partition(

@@ -115,7 +115,8 @@ def _batch_cases(rng, hidden):
 def _loop_probe(fn, subscripts, arrays):
     """The result, and whether it is a float64 NumPy array as the statement asks."""
     out = fn(subscripts, *arrays)
-    is_np = isinstance(out, np.ndarray) and out.dtype == np.float64
+    # a 0-d result may come back as a NumPy scalar; JAX arrays are not NumPy arrays
+    is_np = isinstance(out, (np.ndarray, np.generic)) and np.asarray(out).dtype == np.float64
     return {"result": out, "is a float64 NumPy array": is_np}
 
 
@@ -133,7 +134,7 @@ def _loop_cases(rng, hidden):
         case("trace", "ii->", [(d, d)],
              "a repeated index inside one operand, summed: the trace (a 0-d array)"),
         case("batch axes broadcast", "...ij,...jk->...ik", [(2, 1, n, d), (3, d, m)],
-             f"batch shapes (2, 1) and (3,) broadcast to (2, 3); a length-1 axis is read at 0"),
+             "batch shapes (2, 1) and (3,) broadcast to (2, 3); a length-1 axis is read at 0"),
         case("two summed indices", "hic,hcd->id", [(2, n, d), (2, d, m)],
              "the head combination: h and c are both summed"),
     ]
@@ -188,8 +189,8 @@ def _metric_cases(rng, hidden):
         Case("learned metric, r < d", {"g": _rank_deficient(rng, r, d + 1), "rtol": None},
              f"W^T W with W of shape ({r}, {d + 1}), float64: positive semi-definite, rank {r}"),
         Case("float32 learned metric", {"g": g32, "rtol": None},
-             f"the same in float32: the zero eigenvalues are about 1e-8, so the default "
-             f"tolerance must be d eps of float32 (rank {r}, positive semi-definite)"),
+             f"the same in float32: its zero eigenvalues are float32 rounding noise, so the "
+             f"default tolerance is d eps of float32 (rank {r}, positive semi-definite)"),
         Case("indefinite", {"g": _with_eigenvalues(rng, mixed), "rtol": None},
              "a symmetric matrix with one negative eigenvalue"),
         Case("not symmetric", {"g": A + 2.0 * (A - A.T) + d * np.eye(d), "rtol": None},

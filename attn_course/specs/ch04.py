@@ -9,8 +9,12 @@ trusted side):
     g_ab(x) = G0_ab + x^c G1_cab + x^c x^e G2_ceab + W_ac(x) W_bc(x),
     W_ac(x) = W0_ac + W1_ace sin(x^e),
 
-which covers polar coordinates (G0 = diag(1, 0), G2_00 = diag(0, 1)), the
-unit sphere (G0 = diag(1, 0), W1_110 = 1) and random smooth fields.
+(a parameter left out is zero), which covers polar coordinates x = (r, th)
+(G0 = diag(1, 0), G2_00 = diag(0, 1)), the unit sphere in coordinates
+x = (ph, th) (G0 = diag(0, 1), W1_001 = 1: g = diag(sin^2 th, 1)), constant
+metrics and random smooth fields.  Hidden cases rescale the closed-form
+fields (g = diag(alpha, beta r^2), ...), so that no hidden parameter array
+coincides with a released public one.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def _angle_cases(rng, hidden):
     u_zero = normal(rng, n, d)
     v_zero = normal(rng, n, d)
     if hidden:
-        v_zero[int(rng.integers(n))] = 0.0
+        v_zero[int(rng.integers(1, n))] = 0.0
     else:
         u_zero[1] = 0.0
     return [
@@ -58,27 +62,29 @@ def _angle_cases(rng, hidden):
 # -- 4.2 Christoffel symbols ---------------------------------------------------------
 
 
-def metric_field(G0, G1, G2, W0, W1):
+def metric_field(G0, G1=None, G2=None, W0=None, W1=None):
     """The metric field g(x) described in the module docstring, in JAX."""
     import jax.numpy as jnp
 
     def g(x):
-        W = W0 + jnp.einsum("ace,e->ac", W1, jnp.sin(x))
-        return (G0 + jnp.einsum("c,cab->ab", x, G1) + jnp.einsum("c,e,ceab->ab", x, x, G2)
-                + jnp.einsum("ac,bc->ab", W, W))
+        out = G0 + 0 * x[0]  # a constant metric still depends (trivially) on x
+        if G1 is not None:
+            out = out + jnp.einsum("c,cab->ab", x, G1)
+        if G2 is not None:
+            out = out + jnp.einsum("c,e,ceab->ab", x, x, G2)
+        if W0 is not None or W1 is not None:
+            W = 0 * G0 if W0 is None else W0
+            if W1 is not None:
+                W = W + jnp.einsum("ace,e->ac", W1, jnp.sin(x))
+            out = out + jnp.einsum("ac,bc->ab", W, W)
+        return out
 
     return g
 
 
-def christoffel_probe(fn, x, G0, G1, G2, W0, W1):
+def christoffel_probe(fn, x, G0, G1=None, G2=None, W0=None, W1=None):
     """Gamma^c_{ab} of the field built from the parameters, at the point x."""
     return {"Gamma": fn(metric_fn=metric_field(G0, G1, G2, W0, W1), x=x)}
-
-
-def _field(d, G0=None):
-    """All-zero parameters of a d-dimensional field (a constant metric G0)."""
-    return {"G0": np.zeros((d, d)) if G0 is None else G0, "G1": np.zeros((d, d, d)),
-            "G2": np.zeros((d, d, d, d)), "W0": np.zeros((d, d)), "W1": np.zeros((d, d, d))}
 
 
 def _sym(rng, *shape, scale):
@@ -88,12 +94,16 @@ def _sym(rng, *shape, scale):
 
 
 def _christoffel_cases(rng, hidden):
-    polar = _field(2, np.diag([1.0, 0.0]))
-    polar["G2"][0, 0] = np.diag([0.0, 1.0])  # g = diag(1, r^2)
-    sphere = _field(2, np.diag([1.0, 0.0]))
-    sphere["W1"][1, 1, 0] = 1.0  # W = diag(0, sin th): g = diag(1, sin^2 th)
+    # Rescaled in hidden cases: g = diag(alpha, beta r^2), diag(beta sin^2 th, alpha).
+    alpha, beta = (1.0, 1.0) if not hidden else tuple(rng.uniform(0.5, 2.0, size=2))
+    G2 = np.zeros((2, 2, 2, 2))
+    G2[0, 0] = np.diag([0.0, beta])
+    polar = {"G0": np.diag([alpha, 0.0]), "G2": G2}  # g = diag(1, r^2)
+    W1 = np.zeros((2, 2, 2))
+    W1[0, 0, 1] = np.sqrt(beta)  # W = diag(sin th, 0)
+    sphere = {"G0": np.diag([0.0, alpha]), "W1": W1}  # g = diag(sin^2 th, 1)
     r, th = (1.7, 0.4) if not hidden else (float(rng.uniform(0.5, 3.0)), float(rng.uniform(-3.0, 3.0)))
-    th2, ph = (0.9, 0.3) if not hidden else (float(rng.uniform(0.3, 2.8)), float(rng.uniform(-3.0, 3.0)))
+    ph, th2 = (0.3, 0.9) if not hidden else (float(rng.uniform(-3.0, 3.0)), float(rng.uniform(0.3, 2.8)))
     (d,) = sizes(rng, hidden, (3,))
     # A smooth field, positive definite near x: G0 >= 1 dominates the small x terms.
     smooth = {"G0": spd(rng, d), "G1": _sym(rng, d, d, d, scale=0.2),
@@ -102,11 +112,12 @@ def _christoffel_cases(rng, hidden):
     return [
         Case("polar coordinates", {"x": np.array([r, th]), **polar},
              f"g = diag(1, r^2) at (r, th) = ({r:g}, {th:g}): Gamma^r_thth = -r, Gamma^th_rth = 1/r"),
-        Case("sphere", {"x": np.array([th2, ph]), **sphere},
-             f"g = diag(1, sin^2 th) at (th, ph) = ({th2:g}, {ph:g}): Gamma^th_phph = -sin th cos th"),
+        Case("sphere", {"x": np.array([ph, th2]), **sphere},
+             f"g = diag(sin^2 th, 1) at (ph, th) = ({ph:g}, {th2:g}): Gamma^th_phph = -sin th cos th, "
+             "Gamma^ph_phth = cot th"),
         Case("smooth field", {"x": normal(rng, d, scale=0.4), **smooth},
              f"a random smooth field in d={d} (linear, quadratic and sin terms); upper index first"),
-        Case("constant metric", {"x": normal(rng, d), **_field(d, spd(rng, d))},
+        Case("constant metric", {"x": normal(rng, d), "G0": spd(rng, d)},
              "a constant metric: every Christoffel symbol is zero"),
     ]
 
@@ -122,10 +133,10 @@ def _softmax(s):
 def _fisher_cases(rng, hidden):
     n_k, b, n_q = sizes(rng, hidden, (5, 2, 3))
     A = _softmax(normal(rng, b, n_q, n_k, scale=2.0))
-    A[0, 0] = 0.0
-    A[0, 0, int(rng.integers(n_k))] = 1.0  # one-hot row
-    A[1, 1, : n_k // 2] = 0.0  # a row with exact zeros (masked keys)
-    A[1, 1] /= A[1, 1].sum()
+    A[-1, -1] = 0.0
+    A[-1, -1, int(rng.integers(n_k))] = 1.0  # one-hot row
+    A[-1, 1, : n_k // 2] = 0.0  # a row with exact zeros (masked keys)
+    A[-1, 1] /= A[-1, 1].sum()
     return [
         Case("one row", {"A": _softmax(normal(rng, n_k))}, f"one probability row of {n_k} weights"),
         Case("batch with zeros", {"A": A},
@@ -143,11 +154,12 @@ def _natural_step_cases(rng, hidden):
     F_logits = np.einsum("...j,jk->...jk", A, np.eye(p)) - np.einsum("...j,...k->...jk", A, A)
     lam = 1e-2 if not hidden else float(rng.uniform(1e-3, 1e-1))
     bad = -1.0 if not hidden else float("inf")
+    c = 1.0 if not hidden else float(rng.uniform(0.5, 2.0))  # F = c delta: the step lr/c grad
     return [
         Case("default damping", {"theta": normal(rng, p), "grad": normal(rng, p), "fisher": spd(rng, p),
                                  "lr": lr},
              f"an SPD Fisher, p={p}, lr={lr:g}, damping left at its default 1e-3"),
-        Case("identity, no damping", {"theta": normal(rng, p), "grad": normal(rng, p), "fisher": np.eye(p),
+        Case("identity, no damping", {"theta": normal(rng, p), "grad": normal(rng, p), "fisher": c * np.eye(p),
                                       "lr": lr, "damping": 0.0},
              "F = delta and damping 0: the plain gradient step"),
         Case("singular logit Fisher", {"theta": normal(rng, b, p), "grad": normal(rng, b, p),

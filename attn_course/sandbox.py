@@ -1,0 +1,217 @@
+"""How a grading worker is confined.
+
+Submitted code runs in a worker process (:mod:`attn_course.worker`) that
+
+* has resource limits: CPU seconds, address space, file size, open files,
+  no core dumps, and a process limit: a pids cgroup per parallel slot where
+  the system lets the grader make one (then every process a worker left
+  behind is found and killed), else ``RLIMIT_NPROC`` (which the kernel does
+  not apply to root);
+* under bubblewrap (``bwrap``, the Debian package ``bubblewrap``), when it is
+  installed and works, sees only the system's read-only libraries, the Python
+  environment, the course tooling (``attn_course``, which holds no expected
+  values and no secret), the submission (read-only) and its own empty working
+  folder; no network, no other processes, a fresh ``/tmp``;
+* without bubblewrap (the fallback), still has the limits, a private working
+  folder, a scrubbed environment and no network when the grader is root (a
+  new network namespace); it can read what the grader's user can read, so
+  the grader warns that the fallback does not hide files.
+
+The trusted parent never unpickles anything: it reads the worker's JSON lines
+(:mod:`attn_course.values`) and compares them with expected values that the
+worker never had.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import ROOT
+
+BASE_UID = 61000
+CLONE_NEWNET = 0x40000000
+
+
+@dataclass
+class Local:
+    """No confinement: a student's check of their own code on their own machine."""
+
+    kind: str = "local"
+
+    def package_path(self, package: Path) -> str:
+        return str(package)
+
+    def prepare(self, workdir: Path, package: Path) -> None:
+        pass
+
+    def command(self, job: Path, out: Path, workdir: Path, limits):
+        from .runner import default_command
+
+        argv, env = default_command(job, out, workdir, limits)
+        return argv, env, None
+
+    def cleanup(self) -> None:
+        pass
+
+
+def bwrap_works() -> bool:
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    try:
+        r = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+                           capture_output=True, timeout=20)
+        return r.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _cgroup(slot: int, limits) -> Path | None:
+    """A pids (and memory) cgroup for one slot, or None where the system has none for us."""
+    for base in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+        if not (base / "cgroup.procs").exists():
+            continue
+        group = base / f"attn-course-slot{slot}"
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "pids.max").write_text(str(limits.processes))
+            return group
+        except OSError:
+            continue
+    return None
+
+
+def _limits_preexec(limits, uid: int | None, new_net: bool, cgroup: Path | None = None):
+    def apply():
+        os.setsid()
+        if cgroup is not None:
+            with open(cgroup / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        if new_net:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.unshare(CLONE_NEWNET)  # best effort: root only
+        mb = 2**20
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb * mb, limits.file_mb * mb))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+
+    return apply
+
+
+class Confined:
+    """The grading sandbox: bubblewrap when it works, else limits alone."""
+
+    def __init__(self, slot: int = 0, use_bwrap: bool | None = None, cache: Path | None = None,
+                 limits=None):
+        from .runner import Limits
+
+        self.root = os.geteuid() == 0
+        self.uid = None  # the Python environment may live where another uid cannot read
+        self.bwrap = bwrap_works() if use_bwrap is None else use_bwrap
+        self.kind = "bubblewrap" if self.bwrap else "limits"
+        self.cache = cache
+        self.cgroup = _cgroup(slot, limits or Limits())
+
+    def package_path(self, package: Path) -> str:
+        return "/submission" if self.bwrap else str(package)
+
+    def prepare(self, workdir: Path, package: Path) -> None:
+        if self.uid is not None:
+            os.chown(workdir, self.uid, self.uid)
+            for p in workdir.iterdir():
+                os.chown(p, self.uid, self.uid)
+
+    def _env(self, home: str) -> dict:
+        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+               "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+               "PYTHONNOUSERSITE": "1"}
+        if self.cache is not None:
+            env["ATTN_COURSE_CACHE"] = str(self.cache)
+        return env
+
+    def _launcher(self, limits, newnet: bool) -> list[str]:
+        """The limits, applied by :mod:`attn_course.limit` just before exec."""
+        limit = str(ROOT / "attn_course" / "limit.py")
+        return [sys.executable, "-S", "-I", limit, str(limits.cpu_s), str(limits.memory_mb),
+                str(limits.file_mb), str(limits.processes), "1" if newnet else "0",
+                str(self.cgroup) if self.cgroup else "-", "--"]
+
+    def command(self, job: Path, out: Path, workdir: Path, limits):
+        py = sys.executable
+        if not self.bwrap:
+            argv = self._launcher(limits, self.root) + [py, "-m", "attn_course.worker", str(job), str(out)]
+            env = self._env(str(workdir))
+            env["PYTHONPATH"] = str(ROOT)
+            return argv, env, None
+        binds = []
+        for path in ("/usr", "/lib", "/lib64", "/bin", "/lib32", "/etc/alternatives", "/etc/ld.so.cache"):
+            if os.path.exists(path):
+                binds += ["--ro-bind", path, path]
+        for path in {sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}:
+            binds += ["--ro-bind", path, path]
+        course = str(ROOT / "attn_course")
+        binds += ["--ro-bind", course, course]
+        if self.cache is not None and Path(self.cache).is_dir():
+            binds += ["--ro-bind", str(self.cache), str(self.cache)]
+        argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session",
+                *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                "--bind", str(workdir), "/grading-work", "--ro-bind", str(self._package), "/submission",
+                "--chdir", "/grading-work", "--clearenv"]
+        for k, v in self._env("/grading-work").items():
+            argv += ["--setenv", k, v]
+        argv += [py, "-m", "attn_course.worker", "/grading-work/" + job.name, "/grading-work/" + out.name]
+        return self._launcher(limits, False) + argv, self._env(str(workdir)), None
+
+    def bind_package(self, package: Path) -> None:
+        self._package = Path(package)
+
+    def cleanup(self) -> None:
+        """Kill every process a worker left running (its cgroup, or its uid)."""
+        if self.cgroup is not None:
+            for _ in range(20):
+                try:
+                    pids = [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
+                except OSError:
+                    return
+                if not pids:
+                    return
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                import time
+
+                time.sleep(0.01)
+            return
+        if self.uid is None:
+            return
+        for _ in range(3):
+            found = False
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    if os.stat(f"/proc/{pid}").st_uid == self.uid:
+                        os.kill(int(pid), signal.SIGKILL)
+                        found = True
+                except (FileNotFoundError, ProcessLookupError, PermissionError):
+                    pass
+            if not found:
+                return
