@@ -87,23 +87,17 @@ def _job(package: Path, items: list[tuple[Exercise, list[Case]]]) -> dict:
     }
 
 
-def _read_lines(path: Path) -> list[dict]:
-    """The worker's JSON lines; never follows a link, reads a FIFO or a huge file."""
-    import stat
+def _read_lines(fd: int) -> list[dict]:
+    """The worker's JSON lines, read through the grader's own descriptor.
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return []
-    except OSError as err:
-        raise ValueError(f"the results file was tampered with ({err.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("the results file was replaced by something that is not a file")
-        if st.st_size > MAX_RESULT_BYTES:
-            raise ValueError(f"the worker wrote {st.st_size} bytes of results (limit {MAX_RESULT_BYTES})")
-        data = f.read(MAX_RESULT_BYTES + 1)
+    The grader opens the results file before the worker starts and reads it
+    through that descriptor: a worker that deletes, renames or replaces the
+    path by a link or a FIFO changes nothing here.
+    """
+    size = os.fstat(fd).st_size
+    if size > MAX_RESULT_BYTES:
+        raise ValueError(f"the worker wrote {size} bytes of results (limit {MAX_RESULT_BYTES})")
+    data = os.pread(fd, MAX_RESULT_BYTES + 1, 0)
     out = []
     for line in data.decode("utf-8", errors="replace").splitlines():
         try:
@@ -155,7 +149,7 @@ def run_worker(
             job_data = _job(Path(package), remaining)
             job_data["package"] = sandbox.package_path(Path(package))
             job.write_text(json.dumps(job_data))
-            out.touch()
+            out_fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             sandbox.prepare(work, Path(package))
             argv, env, preexec = sandbox.command(job, out, work, limits)
             with open(log, "wb") as log_f:
@@ -169,7 +163,7 @@ def run_worker(
                         _kill(proc)
                         verdict = ("crashed", f"printed more than {limits.output_kb * 64 // 1024} MB (output limit)")
                     try:
-                        lines = _read_lines(out)
+                        lines = _read_lines(out_fd)
                     except ValueError as err:
                         verdict = ("crashed", str(err))
                         _kill(proc)
@@ -191,9 +185,11 @@ def run_worker(
                 rc = proc.wait()
                 sandbox.cleanup()
             try:
-                lines = _read_lines(out) if verdict is None or verdict[0] != "crashed" else []
+                lines = _read_lines(out_fd) if verdict is None or verdict[0] != "crashed" else []
             except ValueError as err:
                 verdict, lines = ("crashed", str(err)), []
+            finally:
+                os.close(out_fd)
             for ln in lines:
                 if "id" in ln and ln["id"] in {ex.id for ex, _ in remaining}:
                     try:

@@ -87,10 +87,33 @@ def _where(tb) -> str:
     return ""
 
 
+FALLBACKS = {"count": 0}
+
+
+def _run_probe(fn: Any, probe: Any, inputs: dict[str, Any]) -> Any:
+    """The probe compiled as one XLA program; eagerly if that is not possible.
+
+    Eager JAX lowers every primitive separately (hundreds per case, a few
+    milliseconds each, even with the persistent compilation cache); one
+    ``jit`` of the whole probe, with the inputs as constants (so that value
+    checks such as "T must be positive" still see numbers), costs one
+    lowering.  Code that cannot be traced (it reads values with NumPy, returns
+    Python objects, ...) runs eagerly instead, with the same result.
+    """
+    import jax
+
+    args = to_backend(inputs)
+    try:
+        return jax.jit(lambda: probe(fn, **args))()
+    except Exception:  # noqa: BLE001 - not traceable, or a real error: the eager run says which
+        FALLBACKS["count"] += 1
+    return probe(fn, **to_backend(inputs))
+
+
 def evaluate(fn: Any, probe: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """One case: the probe's outputs as plain arrays, or what went wrong."""
     try:
-        out = probe(fn, **to_backend(inputs))
+        out = _run_probe(fn, probe, inputs)
         return {"status": "ok", "value": flatten(out)}
     except NotImplementedError as err:
         ex = exercise_of_stub(err)

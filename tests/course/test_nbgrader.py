@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def test_autograde_feedback_and_one_export(tmp_path):
     for gid, cell in _cells(answered).items():  # the student's answers: the solutions, markers removed
         if gid and gid.endswith("-answer"):
             src = "".join(_cells(solution)[gid]["source"])
-            cell["source"] = src.replace("### BEGIN SOLUTION\n", "").replace("### END SOLUTION\n", "")
+            cell["source"] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION\n", "", src, flags=re.M)
 
     def submit(student, nb):
         d = course / "grading" / "submitted" / student / "ch03"

@@ -93,7 +93,7 @@ HOSTILE = {
     "results_symlink": ("import os, glob\ndef entropy(A, mask=None):\n"
                         "    for p in glob.glob('/grading-work/out.jsonl') + glob.glob(os.getcwd() + '/out.jsonl'):\n"
                         "        os.unlink(p); os.symlink('/etc/passwd', p)\n"
-                        "    return A[..., 0]\n", ["3.2"], "tampered"),
+                        "    return A[..., 0]\n", ["3.2"], ""),
     "background_process": ("import subprocess\ndef heat_capacity(S, mask=None, T=1.0):\n"
                            "    subprocess.Popen(['sleep', '4242'], start_new_session=True)\n"
                            "    return S[..., 0]\n", ["3.4"], ""),

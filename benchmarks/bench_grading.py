@@ -1,0 +1,116 @@
+"""Grade 100 synthetic submissions of chapter 3 with 2 workers; compare with nbgrader.
+
+Prints the wall time of `attn-course grade` on 100 archives (half honest,
+a quarter untouched stubs, a quarter with one wrong function), the cost per
+submission in core-seconds (wall x workers / submissions), and the same for
+`nbgrader autograde` on the equivalent chapter-3 notebooks (answered with the
+solutions), which grades one submission at a time.  Targets: the 100 within
+60 s, and at least 5x cheaper per submission than nbgrader autograde.
+
+    python benchmarks/bench_grading.py [--n 100] [--nb 4] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from attn_course.archive import build_archive, library_files  # noqa: E402
+from attn_course.grade import Grader  # noqa: E402
+
+WRONG = {
+    "3.1": "def log_partition_function(S, mask=None, T=1.0):\n    return S.max(axis=-1)\n",
+    "3.2": "def entropy(A, mask=None):\n    return -(A * A).sum(axis=-1)\n",
+    "3.5": "def zero_temperature_limit(S, mask=None):\n    return S * 0\n",
+}
+
+
+def make_class(folder: Path, n: int) -> None:
+    ref = library_files(ROOT)
+    stub = library_files(ROOT / "exercises" / "library")
+    for k in range(n):
+        files = dict(ref)
+        if k % 4 == 1:
+            files = dict(stub)
+        elif k % 4 == 3:
+            code = list(WRONG.values())[k % len(WRONG)]
+            files["attn_tensors/statmech.py"] = ref["attn_tensors/statmech.py"] + b"\n\n" + code.encode()
+        build_archive(folder / f"s{k:03d}.zip", f"s{k:03d}", files)
+
+
+def bench_ours(n: int, jobs: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "subs").mkdir()
+        make_class(tmp / "subs", n)
+        g = Grader(tmp / "grading", "3", jobs=jobs, log=lambda *a: None)
+        g.prepare()  # the reference's expected values: once per class, not per submission
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        results = g.run(tmp / "subs")
+        wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        full = sum(1 for r in results if sum(r["scores"].values()) == 12)
+        print(f"attn-course grade: {n} submissions, {jobs} workers ({results[0].get('sandbox')}): "
+              f"wall {wall:.1f} s; {full} with full marks")
+        print(f"  per submission: {wall * jobs / n:.2f} core-s (wall x workers / n), "
+              f"{cpu / n:.2f} CPU-s measured in the workers")
+        return wall, wall * jobs / n
+
+
+def bench_nbgrader(k: int) -> float:
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        course = Path(tmp)
+        shutil.copyfile(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+        shutil.copytree(ROOT / "solutions" / "ch03", course / "solutions" / "ch03")
+        subprocess.run([f"{bin_dir}/nbgrader", "generate_assignment", "ch03", "--force"], cwd=course, env=env,
+                       check=True, capture_output=True)
+        sol = json.loads((course / "solutions/ch03/ch03.ipynb").read_text())
+        rel = json.loads((course / "exercises/ch03/ch03.ipynb").read_text())
+        by_id = {c["metadata"]["nbgrader"]["grade_id"]: c for c in sol["cells"]}
+        for c in rel["cells"]:
+            gid = c["metadata"]["nbgrader"]["grade_id"]
+            if gid.endswith("-answer"):
+                c["source"] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION\n", "", "".join(by_id[gid]["source"]), flags=re.M)
+        for s in range(k):
+            d = course / "grading" / "submitted" / f"s{s}" / "ch03"
+            d.mkdir(parents=True)
+            (d / "ch03.ipynb").write_text(json.dumps(rel))
+        t = time.perf_counter()
+        subprocess.run([f"{bin_dir}/nbgrader", "autograde", "ch03", "--create"], cwd=course, env=env,
+                       check=True, capture_output=True)
+        wall = time.perf_counter() - t
+        print(f"nbgrader autograde: {k} submissions of ch03.ipynb: wall {wall:.1f} s; "
+              f"per submission {wall / k:.2f} core-s (one at a time)")
+        return wall / k
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--nb", type=int, default=4)
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+    wall, ours = bench_ours(a.n, a.jobs)
+    theirs = bench_nbgrader(a.nb)
+    print(f"target: {a.n} within 60 s -> {'met' if wall <= 60 else 'NOT met'} ({wall:.1f} s)")
+    print(f"ratio nbgrader/attn-course per submission: {theirs / ours:.1f}x (target >= 5x)")
+
+
+if __name__ == "__main__":
+    main()
