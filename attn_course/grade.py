@@ -75,6 +75,8 @@ class Grader:
         self.log = log
         self._lock = threading.Lock()
         self._expected: dict[str, tuple] = {}
+        self._sandboxes: dict = {}
+        self.fork_server = True
 
     # -- expected values, computed once, here ---------------------------------------
     def prepare(self) -> None:
@@ -85,6 +87,27 @@ class Grader:
             public, hidden = e.make_cases(False), e.make_cases(True, s)
             self._expected[e.id] = (public, reference_results(e, public), hidden, reference_results(e, hidden))
         self.cache = cache_dir()
+
+    def _sandbox(self, slot: int):
+        """The slot's sandbox, with a fork server under bubblewrap (started on first use)."""
+        from .sandbox import Confined, ForkServer
+
+        if slot not in self._sandboxes:
+            sb = Confined(slot, use_bwrap=self.use_bwrap, cache=self.cache, limits=self.limits)
+            if sb.bwrap and self.fork_server:
+                sb.slot_dir = Path(tempfile.mkdtemp(prefix=f"attn-slot{slot}-"))
+                sb.server = ForkServer(sb, sb.slot_dir, self.limits)
+            self._sandboxes[slot] = sb
+        return self._sandboxes[slot]
+
+    def close(self) -> None:
+        import shutil
+
+        for sb in self._sandboxes.values():
+            if getattr(sb, "server", None) is not None:
+                sb.server.close()
+                shutil.rmtree(sb.slot_dir, ignore_errors=True)
+        self._sandboxes.clear()
 
     # -- one archive -------------------------------------------------------------------
     def result_path(self, archive: Path) -> Path:
@@ -119,18 +142,28 @@ class Grader:
         with tempfile.TemporaryDirectory(prefix="attn-sub-") as tmp:
             os.chmod(tmp, 0o755)
             package = unpack(sub, RELEASE_LIBRARY, Path(tmp)).parent
-            items = [(e, self._expected[e.id][0] + self._expected[e.id][2]) for e in self.exercises]
-            sandbox = Confined(slot, use_bwrap=self.use_bwrap, cache=self.cache, limits=self.limits)
-            raw = run_worker(package, items, self.limits, sandbox)
+            sandbox = self._sandbox(slot)
             stubbed = stubbed_exercises(package)
-        result["sandbox"] = sandbox.kind
+            # Phase 1, the score: the hidden cases of every exercise.
+            hidden_raw = run_worker(package, [(e, self._expected[e.id][2]) for e in self.exercises],
+                                    self.limits, sandbox)
+            hidden_res = {}
+            for e in self.exercises:
+                _, _, hidden, exp_h = self._expected[e.id]
+                hidden_res[e.id] = grade(e, hidden, exp_h, hidden_raw.get(e.id, []), True, stubbed)
+            # Phase 2, the explanation: the public cases (expected vs got may be
+            # shown) of the exercises that lost points.  Not needed when all pass.
+            failing = [e for e in self.exercises
+                       if not all(c.passed for c in hidden_res[e.id])
+                       and hidden_res[e.id][0].status not in ("not_implemented", "blocked", "timeout")]
+            public_raw = run_worker(package, [(e, self._expected[e.id][0]) for e in failing],
+                                    self.limits, sandbox) if failing else {}
+        result["sandbox"] = sandbox.kind + (" (fork server)" if getattr(sandbox, "server", None) else "")
         for e in self.exercises:
-            public, exp_p, hidden, exp_h = self._expected[e.id]
-            got = raw.get(e.id, [])
-            if len(got) == 1:
-                got = got * (len(public) + len(hidden))
-            cases = grade(e, public, exp_p, got[: len(public)], False, stubbed)
-            cases += grade(e, hidden, exp_h, got[len(public):], True, stubbed)
+            public, exp_p, _, _ = self._expected[e.id]
+            cases = hidden_res[e.id]
+            if e in failing:
+                cases = grade(e, public, exp_p, public_raw.get(e.id, []), False, stubbed) + cases
             r = ExerciseResult(e, cases)
             result["scores"][e.id] = round(r.score, 4)
             result["feedback"][e.id] = {
@@ -179,6 +212,8 @@ class Grader:
         except KeyboardInterrupt:
             self.log("interrupted: finished results are kept; run again to resume")
             raise
+        finally:
+            self.close()
         results = self.load_results()
         self.write_outputs(results)
         self.log(f"graded {len(todo)} archives in {time.monotonic() - t0:.1f} s; see {self.out}")

@@ -136,7 +136,8 @@ def run_worker(
         sandbox.bind_package(package)
     raw: dict[str, list[dict]] = {}
     remaining = list(items)
-    with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp:
+    server = getattr(sandbox, "server", None)
+    with tempfile.TemporaryDirectory(prefix="attn-grade-", dir=getattr(sandbox, "slot_dir", None)) as tmp:
         tmp = Path(tmp)
         os.chmod(tmp, 0o711)  # a worker under its own uid may enter its folder, not list others
         attempt = 0
@@ -147,15 +148,27 @@ def run_worker(
             job, out = work / "job.json", work / "out.jsonl"
             log = tmp / f"log{attempt}.txt"
             job_data = _job(Path(package), remaining)
-            job_data["package"] = sandbox.package_path(Path(package))
+            # first try: the slot's fork server (imports done once); after any
+            # trouble, a fresh worker process for what is left
+            use_server = attempt == 1 and server is not None and server.alive()
+            if use_server:
+                import shutil
+
+                shutil.copytree(Path(package) / "attn_tensors", work / "pkg" / "attn_tensors")
+                job_data["package"] = server.inside(work / "pkg")
+            else:
+                job_data["package"] = sandbox.package_path(Path(package))
             job.write_text(json.dumps(job_data))
             out_fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             sandbox.prepare(work, Path(package))
-            argv, env, preexec = sandbox.command(job, out, work, limits)
             with open(log, "wb") as log_f:
-                proc = subprocess.Popen(argv, cwd=work, env=env, stdout=log_f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=preexec is None,
-                                        preexec_fn=preexec)
+                if use_server:
+                    proc = server.submit(job, out, log, work, limits)
+                else:
+                    argv, env, preexec = sandbox.command(job, out, work, limits)
+                    proc = subprocess.Popen(argv, cwd=work, env=env, stdout=log_f, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=preexec is None,
+                                            preexec_fn=preexec)
                 current, started, verdict = None, time.monotonic(), None
                 while True:
                     rc = proc.poll()
@@ -183,7 +196,8 @@ def run_worker(
                         break
                     time.sleep(0.02)
                 rc = proc.wait()
-                sandbox.cleanup()
+                if not use_server:
+                    sandbox.cleanup()
             try:
                 lines = _read_lines(out_fd) if verdict is None or verdict[0] != "crashed" else []
             except ValueError as err:
@@ -230,9 +244,12 @@ def describe_exit(rc: int) -> str:
     return f"the worker exited early with status {rc}"
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc) -> None:
     import signal
 
+    if not isinstance(proc, subprocess.Popen):
+        proc.kill()  # a fork-server job: stop the whole server (a new one starts later)
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,6 +160,13 @@ class Confined:
             env = self._env(str(workdir))
             env["PYTHONPATH"] = str(ROOT)
             return argv, env, None
+        argv = self.bwrap_argv([("--bind", str(workdir), "/grading-work"),
+                                ("--ro-bind", str(self._package), "/submission")], "/grading-work", "/grading-work")
+        argv += [py, "-m", "attn_course.worker", "/grading-work/" + job.name, "/grading-work/" + out.name]
+        return self._launcher(limits, False) + argv, self._env(str(workdir)), None
+
+    def bwrap_argv(self, extra: list[tuple[str, str, str]], chdir: str, home: str) -> list[str]:
+        """bubblewrap: read-only system, Python and attn_course; no network, pids, caps."""
         binds = []
         for path in ("/usr", "/lib", "/lib64", "/bin", "/lib32", "/etc/alternatives", "/etc/ld.so.cache"):
             if os.path.exists(path):
@@ -169,14 +177,15 @@ class Confined:
         binds += ["--ro-bind", course, course]
         if self.cache is not None and Path(self.cache).is_dir():
             binds += ["--ro-bind", str(self.cache), str(self.cache)]
+        for kind, src, dst in extra:
+            binds += [kind, src, dst]
         argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session",
+                "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
                 *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                "--bind", str(workdir), "/grading-work", "--ro-bind", str(self._package), "/submission",
-                "--chdir", "/grading-work", "--clearenv"]
-        for k, v in self._env("/grading-work").items():
+                "--chdir", chdir, "--clearenv"]
+        for k, v in self._env(home).items():
             argv += ["--setenv", k, v]
-        argv += [py, "-m", "attn_course.worker", "/grading-work/" + job.name, "/grading-work/" + out.name]
-        return self._launcher(limits, False) + argv, self._env(str(workdir)), None
+        return argv
 
     def bind_package(self, package: Path) -> None:
         self._package = Path(package)
@@ -215,3 +224,122 @@ class Confined:
                     pass
             if not found:
                 return
+
+
+class ForkServer:
+    """One sandboxed ``attn_course.worker --serve`` per slot (bubblewrap only).
+
+    Python, NumPy, JAX and the exercise specs are imported once per slot
+    instead of once per submission; each job runs in a fresh child.  Any
+    trouble (a timeout, a dead server) kills the whole sandbox; the next job
+    starts a new one.
+    """
+
+    def __init__(self, confined: "Confined", slot_dir: Path, limits):
+        self.confined, self.slot_dir, self.limits = confined, Path(slot_dir), limits
+        self.proc: subprocess.Popen | None = None
+
+    def inside(self, path: Path) -> str:
+        return "/slot/" + str(Path(path).relative_to(self.slot_dir))
+
+    def _start(self) -> None:
+        c = self.confined
+        argv = c.bwrap_argv([("--bind", str(self.slot_dir), "/slot")], "/slot", "/slot")
+        argv += [sys.executable, "-m", "attn_course.worker", "--serve"]
+        self.log = open(self.slot_dir / "server.log", "ab")
+        self.proc = subprocess.Popen(c._launcher(self.limits, False) + argv, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, env=c._env("/slot"))
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self._buf = b""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            msg = self._read()
+            if msg and msg.get("ready"):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        self.kill()
+
+    def alive(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = None
+            self._start()
+        return self.proc is not None and self.proc.poll() is None
+
+    def _read(self) -> dict | None:
+        import json
+
+        try:
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+        except BlockingIOError:
+            chunk = None
+        except OSError:
+            chunk = b""
+        if chunk:
+            self._buf += chunk
+        if b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            try:
+                return json.loads(line)
+            except ValueError:
+                return {}
+        return None
+
+    def submit(self, job: Path, out: Path, log: Path, work: Path, limits) -> "_Job":
+        import json
+
+        os.chmod(log, 0o666)
+        req = {"job": self.inside(job), "out": self.inside(out), "log": self.inside(log),
+               "cwd": self.inside(work), "cpu_s": limits.cpu_s}
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        return _Job(self)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        self.proc = None
+        self.confined.cleanup()
+
+    def close(self) -> None:
+        self.kill()
+
+
+class _Job:
+    """A job on a fork server, with the interface of a Popen the runner needs."""
+
+    def __init__(self, server: ForkServer):
+        self.server, self.code = server, None
+
+    def poll(self):
+        if self.code is not None:
+            return self.code
+        srv = self.server
+        if srv.proc is None:
+            self.code = -9
+            return self.code
+        msg = srv._read()
+        if msg and "done" in msg:
+            self.code = int(msg["done"])
+        elif srv.proc.poll() is not None:  # the server died (a job killed it)
+            srv.kill()
+            self.code = -9
+        return self.code
+
+    def kill(self) -> None:
+        self.server.kill()
+        self.code = -9
+
+    def wait(self):
+        while self.poll() is None:
+            time.sleep(0.01)
+        return self.code
