@@ -179,9 +179,11 @@ class Confined:
             binds += ["--ro-bind", str(self.cache), str(self.cache)]
         for kind, src, dst in extra:
             binds += [kind, src, dst]
+        # /tmp first: the Python environment or the course may live under /tmp
+        # (a CI clone), and a later tmpfs would hide their binds
         argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session",
-                "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
-                *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL", "--tmpfs", "/tmp",
+                *binds, "--proc", "/proc", "--dev", "/dev",
                 "--chdir", chdir, "--clearenv"]
         for k, v in self._env(home).items():
             argv += ["--setenv", k, v]
