@@ -44,6 +44,18 @@ def sizes(rng: np.random.Generator, hidden: bool, public: tuple, low: int = 2, h
     return tuple(int(p) + 1 for p in public)
 
 
+def np_softmax(S: np.ndarray, m: np.ndarray | None = None, T: float = 1.0) -> np.ndarray:
+    """NumPy softmax over the last axis, for building inputs (weights A); dead rows give 0."""
+    s = S / T
+    if m is not None:
+        s = np.where(m, s, -np.inf)
+    top = np.max(s, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.exp(s - top)
+    z = e.sum(axis=-1, keepdims=True)
+    return e / np.where(z > 0, z, 1.0)
+
+
 def finite_sum(x):
     """L = sum_n w_n x_n over the finite entries, with fixed weights w_n = cos(n + 1).
 
