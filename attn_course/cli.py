@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-bwrap", action="store_true", help="do not use bubblewrap (limits only)")
     g.add_argument("--nbgrader", metavar="DB_URL",
                    help="also write the scores into this nbgrader gradebook (e.g. sqlite:///grading/gradebook.db)")
+    g.add_argument("--notebooks", action="store_true",
+                   help="also autograde the archives' notebooks with nbgrader and export one grades.csv")
+    g.add_argument("--course", help="nbgrader course root for --notebooks (default: this repository)")
     g.set_defaults(func=cmd_grade)
     return p
 

@@ -349,6 +349,67 @@ def export_to_nbgrader(results_best: dict[str, dict], exercises: list[Exercise],
             gb.db.commit()
 
 
+def grade_notebooks(results_best: dict[str, dict], submissions: Path, course: Path, out: Path,
+                    exercises: list[Exercise], log=print) -> Path:
+    """The notebooks of the archives through nbgrader, and one CSV for everything.
+
+    Each accepted archive's ``notebooks/chNN.ipynb`` goes to nbgrader's
+    ``grading/submitted/<student>/chNN/`` (an existing, different file there is
+    kept, never overwritten: the instructor decides); ``nbgrader autograde``
+    runs per chapter (it skips what it already graded); the library scores go
+    into the same gradebook; ``nbgrader export`` writes ``OUT/grades.csv``.
+    """
+    import filecmp
+    import subprocess
+
+    from .archive import read_submission
+
+    course = Path(course)
+    submitted = course / "grading" / "submitted"
+    chapters: set[str] = set()
+    by_archive = {r["archive"]: r for r in results_best.values()}
+    for archive in sorted(Path(submissions).glob("*.zip")):
+        r = by_archive.get(archive.name)
+        if r is None:
+            continue
+        sub = read_submission(archive, ASSIGNMENT)
+        for name, data in sub.files.items():
+            if not name.startswith("notebooks/") or not name.endswith(".ipynb"):
+                continue
+            ch = Path(name).stem
+            if not (course / "solutions" / ch / f"{ch}.ipynb").exists():
+                continue
+            target = submitted / sub.student_id / ch / f"{ch}.ipynb"
+            if target.exists():
+                tmp = target.with_suffix(".incoming")
+                tmp.write_bytes(data)
+                same = filecmp.cmp(tmp, target, shallow=False)
+                tmp.unlink()
+                if not same:
+                    log(f"kept {target} (differs from {archive.name}; remove it to grade the archive's)")
+                    chapters.add(ch)
+                    continue
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, data)
+            chapters.add(ch)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    nbgrader = [sys.executable, "-m", "nbgrader"]
+    for ch in sorted(chapters):
+        log(f"nbgrader autograde {ch}")
+        r = subprocess.run(nbgrader + ["autograde", ch, "--create"], cwd=course, env=env,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            log(f"nbgrader autograde {ch} reported problems:\n{r.stderr[-1500:]}")
+    export_to_nbgrader(results_best, exercises, f"sqlite:///{course / 'grading' / 'gradebook.db'}")
+    target = Path(out) / "grades.csv"
+    r = subprocess.run(nbgrader + ["export", "--to", str(target)], cwd=course, env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nbgrader export failed:\n{r.stderr[-1500:]}")
+    return target
+
+
 def main_grade(args) -> int:
     g = Grader(Path(args.out), args.exercises, jobs=args.jobs,
                use_bwrap=False if args.no_bwrap else None)
@@ -362,4 +423,11 @@ def main_grade(args) -> int:
     if args.nbgrader:
         export_to_nbgrader(g.latest_by_student(results), g.exercises, args.nbgrader)
         print(f"scores written to nbgrader's gradebook {args.nbgrader} (assignment 'library')")
+    if args.notebooks:
+        from . import ROOT
+
+        course = Path(args.course) if args.course else ROOT
+        csv_path = grade_notebooks(g.latest_by_student(results), Path(args.submissions), course,
+                                   Path(args.out), g.exercises)
+        print(f"notebooks autograded by nbgrader; one CSV for notebooks and library: {csv_path}")
     return 0

@@ -120,3 +120,38 @@ def test_autograde_feedback_and_one_export(tmp_path):
     mine = {(row["assignment"], row["student_id"]): float(row["score"]) for row in rows}
     assert mine[("ch03", "honest")] == 12
     assert mine[("library", "honest")] == 2
+
+
+def test_one_command_grades_archives_and_their_notebooks(tmp_path):
+    """`attn-course grade --notebooks`: library in the sandbox, notebooks through nbgrader, one CSV."""
+    from attn_course.archive import build_archive, library_files
+    from attn_course import RELEASE_LIBRARY
+
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copyfile(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(ROOT / "solutions" / "ch03", course / "solutions" / "ch03")
+    assert nbgrader("generate_assignment", "ch03", "--force", cwd=course).returncode == 0
+    release = (course / "exercises/ch03/ch03.ipynb").read_text()
+    solution = json.loads((course / "solutions/ch03/ch03.ipynb").read_text())
+    answered = json.loads(release)
+    for gid, cell in _cells(answered).items():
+        if gid and gid.endswith("-answer"):
+            src = "".join(_cells(solution)[gid]["source"])
+            cell["source"] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION\n", "", src, flags=re.M)
+    subs = tmp_path / "archives"
+    subs.mkdir()
+    build_archive(subs / "good.zip", "good", {**library_files(ROOT),
+                                              "notebooks/ch03.ipynb": json.dumps(answered).encode()})
+    build_archive(subs / "blank.zip", "blank", {**library_files(RELEASE_LIBRARY),
+                                                "notebooks/ch03.ipynb": release.encode()})
+    out = tmp_path / "grading"
+    r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
+                        "--exercises", "3.5", "--notebooks", "--course", str(course)],
+                       env=ENV, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = list(csv.DictReader(open(out / "grades.csv")))
+    scores = {(row["assignment"], row["student_id"]): float(row["score"]) for row in rows}
+    assert scores[("ch03", "good")] == 12 and scores[("ch03", "blank")] == 0
+    assert scores[("library", "good")] == 2 and scores[("library", "blank")] == 0
+    assert (course / "grading/submitted/good/ch03/ch03.ipynb").exists()
