@@ -124,8 +124,6 @@ class Grader:
         return old.get("sha256") == sha256_file(archive) and old.get("exercises") == [e.id for e in self.exercises]
 
     def grade_one(self, archive: Path, slot: int) -> dict:
-        from .sandbox import Confined
-
         t0 = time.monotonic()
         result = {"format": RESULT_FORMAT, "archive": archive.name, "sha256": sha256_file(archive),
                   "exercises": [e.id for e in self.exercises], "student_id": None, "rejected": None,

@@ -24,9 +24,7 @@ worker never had.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -37,8 +35,6 @@ from pathlib import Path
 
 from . import ROOT
 
-BASE_UID = 61000
-CLONE_NEWNET = 0x40000000
 
 
 @dataclass
@@ -90,30 +86,6 @@ def _cgroup(slot: int, limits) -> Path | None:
     return None
 
 
-def _limits_preexec(limits, uid: int | None, new_net: bool, cgroup: Path | None = None):
-    def apply():
-        os.setsid()
-        if cgroup is not None:
-            with open(cgroup / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
-        if new_net:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.unshare(CLONE_NEWNET)  # best effort: root only
-        mb = 2**20
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb * mb, limits.file_mb * mb))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-
-    return apply
-
-
 class Confined:
     """The grading sandbox: bubblewrap when it works, else limits alone."""
 
@@ -121,8 +93,9 @@ class Confined:
                  limits=None):
         from .runner import Limits
 
+        # Workers keep the grader's uid (the Python environment may live where another
+        # uid cannot read, e.g. under /root); bubblewrap maps it to an unprivileged one.
         self.root = os.geteuid() == 0
-        self.uid = None  # the Python environment may live where another uid cannot read
         self.bwrap = bwrap_works() if use_bwrap is None else use_bwrap
         self.kind = "bubblewrap" if self.bwrap else "limits"
         self.cache = cache
@@ -132,10 +105,7 @@ class Confined:
         return "/submission" if self.bwrap else str(package)
 
     def prepare(self, workdir: Path, package: Path) -> None:
-        if self.uid is not None:
-            os.chown(workdir, self.uid, self.uid)
-            for p in workdir.iterdir():
-                os.chown(p, self.uid, self.uid)
+        pass
 
     def _env(self, home: str) -> dict:
         env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
@@ -193,39 +163,26 @@ class Confined:
         self._package = Path(package)
 
     def cleanup(self) -> None:
-        """Kill every process a worker left running (its cgroup, or its uid)."""
-        if self.cgroup is not None:
-            for _ in range(20):
-                try:
-                    pids = [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
-                except OSError:
-                    return
-                if not pids:
-                    return
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                import time
+        """Kill every process a worker left running in the slot's cgroup.
 
-                time.sleep(0.01)
+        Without a cgroup, bubblewrap's pid namespace (``--die-with-parent``)
+        or the worker's session (killed by the runner) ends them.
+        """
+        if self.cgroup is None:
             return
-        if self.uid is None:
-            return
-        for _ in range(3):
-            found = False
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                try:
-                    if os.stat(f"/proc/{pid}").st_uid == self.uid:
-                        os.kill(int(pid), signal.SIGKILL)
-                        found = True
-                except (FileNotFoundError, ProcessLookupError, PermissionError):
-                    pass
-            if not found:
+        for _ in range(20):
+            try:
+                pids = [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
+            except OSError:
                 return
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.01)
 
 
 class ForkServer:
