@@ -78,7 +78,7 @@ def answer_source(ex: Exercise) -> tuple[str, list[str], str]:
 def _only_regions(src: str, owner: str) -> str:
     out = []
     for line in src.splitlines(keepends=True):
-        m = re.match(r"^([ \t]*)### BEGIN SOLUTION (\d+\.\d+)\s*$", line)
+        m = re.match(r"^([ \t]*)### BEGIN SOLUTION (\d+\.\d+)(?: stub: .+?)?\s*$", line)
         if m:
             if m.group(2) == owner:
                 out.append(f"{m.group(1)}### BEGIN SOLUTION\n")
@@ -195,6 +195,16 @@ def execute(nb: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
 
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
                    record_timing=False).execute()
+    for cell in nb.cells:  # one stream output per name: how prints were chunked is timing, not content
+        merged = []
+        for out in cell.get("outputs", []):
+            if (merged and out.get("output_type") == "stream" and merged[-1].get("output_type") == "stream"
+                    and merged[-1].get("name") == out.get("name")):
+                merged[-1]["text"] += out["text"]
+            else:
+                merged.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = merged
     return nb
 
 

@@ -16,6 +16,11 @@ indentation::
 
         raise NotImplementedError("Exercise 3.1: log_partition_function ...")
 
+A region that shares a function with another exercise's code may name a
+placeholder instead (``### BEGIN SOLUTION 5.4 stub: dL_dg = None``): the stub
+then assigns it, marked ``# not implemented yet: Exercise 5.4``, so the
+other exercise can be checked before this one is done.
+
 so the signature, the index-notation docstring and any given lines outside the
 region stay exactly as in the reference.  The same markers (without the
 number) are nbgrader's, so the solution notebooks reuse the function source.
@@ -28,7 +33,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION (?P<id>\d+\.\d+)\s*$")
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION (?P<id>\d+\.\d+)(?: stub: (?P<stub>.+?))?\s*$")
+PLACEHOLDER = "# not implemented yet: Exercise "
 END = re.compile(r"^[ \t]*### END SOLUTION\s*$")
 STUB_PREFIX = "Exercise "
 
@@ -47,6 +53,7 @@ class Region:
     begin: int  # 1-based line of the BEGIN marker
     end: int  # 1-based line of the END marker
     indent: str
+    stub: str = ""  # a placeholder statement instead of the raise
 
 
 def stub_message(exercise: str, function: str, title: str) -> str:
@@ -97,7 +104,8 @@ def find_regions(path: Path, module: str | None = None) -> list[Region]:
                 raise RegionError(f"{path}:{start}: a solution region must sit inside a function")
             func = max(inside, key=lambda s: s[0])[2]
             top = min(inside, key=lambda s: s[0])[2]
-            regions.append(Region(b.group("id"), path, module or path.stem, func, top, start, n, b.group("indent")))
+            regions.append(Region(b.group("id"), path, module or path.stem, func, top, start, n, b.group("indent"),
+                                  b.group("stub") or ""))
             open_ = None
     if open_ is not None:
         raise RegionError(f"{path}:{open_[0]}: BEGIN SOLUTION is never closed")
@@ -131,7 +139,11 @@ def stub_source(path: Path, titles: dict[str, tuple[str, str]]) -> str:
         function, title = titles[r.exercise]
         out.extend(lines[cursor : r.begin - 1])
         msg = stub_message(r.exercise, function, title)
-        out.append(f"{r.indent}raise NotImplementedError({msg!r})\n")
+        if r.stub:
+            out.append(f"{r.indent}# {msg}\n")
+            out.append(f"{r.indent}{r.stub}  {PLACEHOLDER}{r.exercise}\n")
+        else:
+            out.append(f"{r.indent}raise NotImplementedError({msg!r})\n")
         cursor = r.end
     out.extend(lines[cursor:])
     return "".join(out)

@@ -247,9 +247,7 @@ def attention_backward(
     ### END SOLUTION
 
     # The metric gradient (exercise 5.4) reuses P^{ja} = dL/dS^{ij} Q^{ia}.
-    # (Course note: until 5.4 is done, its stub stops this function; a
-    # placeholder dL_dg = None lets `attn-course check 5.3` run.)
-    ### BEGIN SOLUTION 5.4
+    ### BEGIN SOLUTION 5.4 stub: dL_dg = None
     # the implicit metric scale * delta_{ab} is (d_k, d_k)
     g_shape = (Q.shape[-1], K.shape[-1]) if g is None else tuple(g.shape)
     # dL/dg_{ab} = dL/dS^{ij} Q^{ia} K^{jb} = P^{ja} K^{jb}

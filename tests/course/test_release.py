@@ -36,7 +36,8 @@ def test_stub_messages_name_their_exercise():
     text = "\n".join(p.read_text() for p in (RELEASE_LIBRARY / "attn_tensors").rglob("*.py"))
     owners = {r.exercise for r in library_regions(LIBRARY)}
     for ex in owners:
-        assert f"NotImplementedError('Exercise {ex}: implement " in text, ex
+        assert (f"NotImplementedError('Exercise {ex}: implement " in text
+                or f"# not implemented yet: Exercise {ex}\n" in text), ex
     assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
     assert exercise_of_stub("Exercise 5.2: implement softmax_jacobian (x)") == "5.2"
 

@@ -197,9 +197,8 @@ def attention_backward(
     raise NotImplementedError('Exercise 5.3: implement attention_backward (The attention backward pass); run `attn-course check 5.3`')
 
     # The metric gradient (exercise 5.4) reuses P^{ja} = dL/dS^{ij} Q^{ia}.
-    # (Course note: until 5.4 is done, its stub stops this function; a
-    # placeholder dL_dg = None lets `attn-course check 5.3` run.)
-    raise NotImplementedError('Exercise 5.4: implement attention_backward (The metric gradient); run `attn-course check 5.4`')
+    # Exercise 5.4: implement attention_backward (The metric gradient); run `attn-course check 5.4`
+    dL_dg = None  # not implemented yet: Exercise 5.4
 
     return AttentionGrads(
         dL_dQ=dL_dQ, dL_dK=dL_dK, dL_dV=dL_dV, dL_dA=dL_dA, dL_dS=dL_dS, dL_dg=dL_dg
