@@ -174,6 +174,8 @@ class Grader:
 
     # -- the class -----------------------------------------------------------------------
     def run(self, submissions: Path, regrade: bool = False) -> list[dict]:
+        if not Path(submissions).is_dir():
+            raise FileNotFoundError(f"no folder of submissions at {submissions}")
         archives = sorted(Path(submissions).glob("*.zip"))
         todo = [a for a in archives if regrade or not self.done(a)]
         skipped = len(archives) - len(todo)

@@ -112,3 +112,5 @@ def test_bad_student_id_and_no_workspace(tmp_path):
     assert r.returncode == 2 and "not inside a workspace" in r.stderr
     r = course("check", "42.1", "--workspace", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2
+    r = course("grade", str(tmp_path / "nowhere"), "--out", str(tmp_path / "g"), cwd=tmp_path)
+    assert r.returncode == 2 and "no folder of submissions" in r.stderr
