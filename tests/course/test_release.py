@@ -25,10 +25,14 @@ def test_every_region_has_an_exercise_and_every_exercise_a_region():
 
 
 def test_book_defines_every_graded_exercise():
-    """Each exercise is in its chapter, labelled, with the check command."""
+    """Each exercise is in its chapter, labelled, titled as in the registry, with the check command."""
+    import re
+
     for e in all_exercises().values():
         text = (ROOT / "chapters" / f"{CHAPTERS[e.chapter][0]}.md").read_text()
-        assert f":label: {e.label}\n" in text, e.id
+        m = re.search(r"`{3,}\{exercise\} ([^\n]*)\n:label: " + re.escape(e.label) + r"\n", text)
+        assert m, e.id
+        assert m.group(1).strip() == e.title, (e.id, m.group(1), e.title)
         assert f"Graded exercise {e.id}: run `attn-course check {e.id}`" in text, e.id
 
 
