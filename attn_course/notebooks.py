@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 
 from . import LIBRARY, ROOT, SOLUTIONS
-from .regions import library_regions, solution_source
+from .regions import BEGIN, END, library_regions
 from .registry import CHAPTERS, Exercise, all_exercises
 
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
@@ -34,72 +34,52 @@ def _meta(grade_id: str, *, solution=False, grade=False, locked=True, points=Non
     return {"nbgrader": m}
 
 
-def _functions(module_path: Path) -> dict[str, tuple[ast.FunctionDef, str]]:
-    text = module_path.read_text()
-    tree = ast.parse(text)
-    lines = text.splitlines(keepends=True)
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            out[node.name] = (node, "".join(lines[start - 1 : node.end_lineno]))
-    return out
-
-
-def _region_end_lines(module_path: Path) -> dict[str, int]:
-    """Function name -> last line of its last region (regions may end after the AST's end)."""
-    ends = {}
-    for r in library_regions(LIBRARY):
-        if r.path == module_path:
-            ends[r.top] = max(ends.get(r.top, 0), r.end)
-    return ends
+def _functions(module_path: Path) -> dict[str, ast.FunctionDef]:
+    """The module-level functions of a library file, by name."""
+    tree = ast.parse(module_path.read_text())
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
 
 
 def answer_source(ex: Exercise) -> tuple[str, list[str], str]:
-    """(cell source, names defined, module) for an exercise's answer cell."""
+    """(cell source, names defined, module) for an exercise's answer cell.
+
+    The cell holds the exercise's function and every module-level function
+    with one of its solution regions (a helper first), copied from the library.
+    """
     owner = ex.owner
     module_path = LIBRARY / (ex.module.replace(".", "/") + ".py")
     funcs = _functions(module_path)
     text = module_path.read_text().splitlines(keepends=True)
-    ends = _region_end_lines(module_path)
-    with_region = [r.top for r in library_regions(LIBRARY) if r.exercise == owner and r.path == module_path]
-    names = list(dict.fromkeys([f for f in with_region if f != ex.name] + [ex.name]))
+    regions = [r for r in library_regions(LIBRARY) if r.path == module_path]
+    ends: dict[str, int] = {}  # a region's END marker may follow the function's last statement
+    for r in regions:
+        ends[r.top] = max(ends.get(r.top, 0), r.end)
+    helpers = [r.top for r in regions if r.exercise == owner and r.top != ex.name]
+    names = list(dict.fromkeys(helpers + [ex.name]))
     parts = []
     for name in names:
-        node, src = funcs[name]
-        end = max(node.end_lineno, ends.get(name, 0))
+        node = funcs[name]
         start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        src = "".join(text[start - 1 : end])
-        # keep this exercise's regions as nbgrader solutions; others' regions stay plain code
-        parts.append(_only_regions(src, owner))
+        end = max(node.end_lineno, ends.get(name, 0))
+        parts.append(_only_regions("".join(text[start - 1 : end]), owner))
     return "\n\n".join(parts), names, ex.module
 
 
 def _only_regions(src: str, owner: str) -> str:
-    out = []
+    """This exercise's regions as nbgrader solution markers; other regions' markers dropped."""
+    out, stack = [], []
     for line in src.splitlines(keepends=True):
-        m = re.match(r"^([ \t]*)### BEGIN SOLUTION (\d+\.\d+)(?: stub: .+?)?\s*$", line)
-        if m:
-            if m.group(2) == owner:
-                out.append(f"{m.group(1)}### BEGIN SOLUTION\n")
-            continue
-        if re.match(r"^[ \t]*### END SOLUTION\s*$", line):
-            out.append(line)
-            continue
-        out.append(line)
-    # drop END markers of regions that are not this exercise's
-    text, depth, keep = "".join(out), 0, []
-    for line in text.splitlines(keepends=True):
-        if line.strip() == "### BEGIN SOLUTION":
-            depth += 1
-            keep.append(line)
-        elif line.strip() == "### END SOLUTION":
-            if depth:
-                depth -= 1
-                keep.append(line)
+        b = BEGIN.match(line.rstrip("\n"))
+        if b:
+            stack.append(b.group("id") == owner)
+            if stack[-1]:
+                out.append(f"{b.group('indent')}### BEGIN SOLUTION\n")
+        elif END.match(line) and stack:
+            if stack.pop():
+                out.append(line)
         else:
-            keep.append(line)
-    return solution_source("".join(keep))
+            out.append(line)
+    return "".join(out)
 
 
 def free_names(source: str, defined: list[str]) -> list[str]:

@@ -147,12 +147,3 @@ def stub_source(path: Path, titles: dict[str, tuple[str, str]]) -> str:
         cursor = r.end
     out.extend(lines[cursor:])
     return "".join(out)
-
-
-def solution_source(source: str) -> str:
-    """Source with the region markers reduced to nbgrader's (ids dropped)."""
-    out = []
-    for line in source.splitlines(keepends=True):
-        b = BEGIN.match(line.rstrip("\n"))
-        out.append(f"{b.group('indent')}### BEGIN SOLUTION\n" if b else line)
-    return "".join(out)

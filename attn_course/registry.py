@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -61,7 +61,6 @@ class Exercise:
     rtol: float = 1e-9
     atol: float = 1e-12
     hint: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def chapter(self) -> int:

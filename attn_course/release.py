@@ -129,9 +129,11 @@ def _close(a, b) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         if "__array__" in a and "__array__" in b:
             x, y = values.decode(a), values.decode(b)
-            return x.shape == y.shape and x.dtype == y.dtype and bool(
-                np.all((x == y) | np.isclose(x, y, rtol=1e-12, atol=1e-300) | (np.isnan(x) & np.isnan(y)) if x.dtype.kind == "f" else x == y)
-            )
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            if x.dtype.kind != "f":
+                return bool(np.all(x == y))
+            return bool(np.all(np.isclose(x, y, rtol=1e-12, atol=1e-300, equal_nan=True) | (x == y)))
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))

@@ -46,9 +46,6 @@ class Local:
     def package_path(self, package: Path) -> str:
         return str(package)
 
-    def prepare(self, workdir: Path, package: Path) -> None:
-        pass
-
     def command(self, job: Path, out: Path, workdir: Path, limits):
         from .runner import default_command
 
@@ -104,8 +101,6 @@ class Confined:
     def package_path(self, package: Path) -> str:
         return "/submission" if self.bwrap else str(package)
 
-    def prepare(self, workdir: Path, package: Path) -> None:
-        pass
 
     def _env(self, home: str) -> dict:
         env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
