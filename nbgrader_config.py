@@ -6,16 +6,29 @@ repository root::
 
     nbgrader generate_assignment ch05      # solutions/ch05 -> exercises/ch05
     nbgrader validate solutions/ch05/ch05.ipynb
-    nbgrader autograde ch05                # grading/submitted/<student>/ch05
-    nbgrader generate_feedback ch05        # grading/feedback (hidden tests removed)
     nbgrader export                        # grades.csv
+
+Students' notebooks are graded by ``attn-course grade SUBMISSIONS --out
+GRADING --notebooks``: their answer cells run in the grading sandbox and the
+scores go into nbgrader's gradebook.  ``nbgrader autograde`` would run them
+unconfined, as your user, next to the secret and the hidden tests: it is
+refused here unless ATTN_UNCONFINED_AUTOGRADE=1 (for notebooks you trust).
 
 Submissions, autograded notebooks, feedback and the gradebook live under
 ``grading/`` (not committed).  nbgrader runs ``alembic`` as a command: the
 environment's ``bin`` must be on PATH (``make`` does that).
 """
 
+import os
+import sys
 from pathlib import Path
+
+if "autograde" in sys.argv[1:3] and os.environ.get("ATTN_UNCONFINED_AUTOGRADE") != "1":
+    raise SystemExit(
+        "nbgrader autograde would run students' notebooks unconfined, as your user, where they can read "
+        "the secret and the hidden tests and write the gradebook. Grade them with\n"
+        "    attn-course grade SUBMISSIONS --out GRADING --notebooks\n"
+        "(set ATTN_UNCONFINED_AUTOGRADE=1 only for notebooks you trust).")
 
 c = get_config()  # noqa: F821 - provided by nbgrader
 

@@ -13,10 +13,13 @@ from pathlib import Path
 
 from . import values
 from .registry import CHAPTERS, Case, Exercise, all_exercises
-from .runner import ExerciseResult, Limits, grade, run_worker, stubbed_exercises
+from .runner import package_files, run_worker
+from .sandbox import Limits, Plain
+from .scoring import ExerciseResult, Outcome, Status, grade, stubbed_exercises
+from .server import WorkerServer
 
 
-def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[list[Case], list[dict]]]:
+def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[list[Case], list[Outcome]]]:
     """exercise id -> (public cases, expected results) from ``cases_dir/chNN.json``."""
     out = {}
     chapters = sorted({e.chapter for e in exercises})
@@ -30,7 +33,7 @@ def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[l
             raise FileNotFoundError(f"no public cases for exercise {e.id} in {cases_dir}")
         entry = data[e.id]
         cases = [Case(c["name"], values.decode(c["inputs"]), c.get("note", "")) for c in entry["cases"]]
-        expected = [values.decode(c["expected"]) for c in entry["cases"]]
+        expected = [Outcome.from_dict(values.decode(c["expected"])) for c in entry["cases"]]
         out[e.id] = (cases, expected)
     return out
 
@@ -38,7 +41,12 @@ def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[l
 def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | None = None) -> list[ExerciseResult]:
     workspace = Path(workspace)
     public = load_public(workspace / ".course" / "cases", exercises)
-    raw = run_worker(workspace, [(e, public[e.id][0]) for e in exercises], limits or Limits(per_exercise_s=120))
+    limits = limits or Limits(per_exercise_s=120, per_archive_s=3600)
+    server = WorkerServer(Plain(limits))
+    try:
+        raw = run_worker(server, package_files(workspace), [(e, public[e.id][0]) for e in exercises], limits)
+    finally:
+        server.close()
     stubbed = stubbed_exercises(workspace)
     results = []
     for e in exercises:
@@ -47,8 +55,8 @@ def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | No
     return results
 
 
-SYMBOL = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "blocked": "WAIT",
-          "timeout": "TIME", "crashed": "CRASH"}
+SYMBOL = {Status.PASS: "PASS", Status.FAIL: "FAIL", Status.NOT_IMPLEMENTED: "TODO", Status.BLOCKED: "WAIT",
+          Status.TIMEOUT: "TIME", Status.CRASHED: "CRASH", Status.BUDGET: "TIME"}
 
 
 def report(results: list[ExerciseResult], verbose: bool = True) -> str:
@@ -58,12 +66,12 @@ def report(results: list[ExerciseResult], verbose: bool = True) -> str:
         e = r.exercise
         head = f"[{SYMBOL[r.status]:>5}] Exercise {e.id:<5} {e.title}  ({e.points} pts)"
         lines.append(head)
-        if r.status == "pass":
+        if r.status == Status.PASS:
             lines.append(f"        all {len(r.cases)} public cases pass")
-        elif r.status == "not_implemented":
+        elif r.status == Status.NOT_IMPLEMENTED:
             lines.append(f"        not implemented yet: write {e.name} in attn_tensors/{e.module}.py"
                          f"  (book: {e.book_page})")
-        elif r.status == "blocked":
+        elif r.status == Status.BLOCKED:
             lines.append(f"        {r.cases[0].message}")
         else:
             for c in r.cases:

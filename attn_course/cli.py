@@ -131,11 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--jobs", type=int, default=2, help="parallel workers (default 2)")
     g.add_argument("--regrade", action="store_true", help="grade finished archives again")
     g.add_argument("--no-bwrap", action="store_true", help="do not use bubblewrap (limits only)")
-    g.add_argument("--nbgrader", metavar="DB_URL",
-                   help="also write the scores into this nbgrader gradebook (e.g. sqlite:///grading/gradebook.db)")
+    g.add_argument("--roster", metavar="CSV",
+                   help="the class roster (a student_id column): archives of students not on it are rejected")
+    g.add_argument("--trust-manifest-ids", action="store_true",
+                   help="UNSAFE: accept archives without a valid token (anyone can submit as anyone)")
+    g.add_argument("--budget", type=float, default=240.0, metavar="SECONDS",
+                   help="wall-clock budget of one archive, all exercises together (default 240)")
+    g.add_argument("--ci-secret", action="store_true",
+                   help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: the hidden "
+                        "cases are then known to anyone)")
     g.add_argument("--notebooks", action="store_true",
-                   help="also autograde the archives' notebooks with nbgrader and export one grades.csv")
-    g.add_argument("--course", help="nbgrader course root for --notebooks (default: this repository)")
+                   help="also grade the archives' notebooks (their answer cells, in the same sandbox) and "
+                        "write nbgrader's gradebook and its export GRADING/grades.csv")
+    g.add_argument("--nbgrader", metavar="DB_URL",
+                   help="the nbgrader gradebook to write (default with --notebooks: "
+                        "sqlite:///GRADING/nbgrader/gradebook.db)")
     g.set_defaults(func=cmd_grade)
     return p
 
@@ -143,11 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .regions import RegionError
+    from .registry import SecretMissing
     from .workspace import WorkspaceError
 
     try:
         return args.func(args)
-    except (WorkspaceError, KeyError, FileNotFoundError, RegionError) as err:
+    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, SecretMissing) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"attn-course: {msg}", file=sys.stderr)
         return 2

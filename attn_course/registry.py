@@ -138,10 +138,30 @@ def select(spec: str, exercises: dict[str, Exercise] | None = None) -> list[Exer
     raise KeyError(f"no exercise or chapter {spec!r}; known exercises: {known}")
 
 
-def secret() -> str:
-    """The instructor's secret for hidden cases (ATTN_COURSE_SECRET).
+CI_SECRET = "ci-default-secret"
 
-    The course code is public, so an instructor sets their own secret; the
-    default is only good for CI.
+
+class SecretMissing(RuntimeError):
+    """Grading was asked for without the instructor's secret."""
+
+
+def secret(allow_ci: bool = False) -> str:
+    """The instructor's secret for hidden cases and tokens (ATTN_COURSE_SECRET).
+
+    The course code is public, so a default secret would let anyone compute
+    the hidden cases: without ATTN_COURSE_SECRET this refuses, unless the
+    caller asks by name for the CI default (tests, two-sided validation).
     """
-    return os.environ.get("ATTN_COURSE_SECRET", "ci-default-secret")
+    value = os.environ.get("ATTN_COURSE_SECRET", "")
+    if value:
+        return value
+    if allow_ci:
+        return CI_SECRET
+    raise SecretMissing("ATTN_COURSE_SECRET is not set: grading needs the instructor's own secret "
+                        "(export ATTN_COURSE_SECRET=...; keep it out of the course's repository). "
+                        "For a test run only, pass --ci-secret to use the public CI default.")
+
+
+def fingerprint(secret_value: str) -> str:
+    """A short, one-way name of a secret, stored with results (a change of secret regrades)."""
+    return hashlib.sha256(b"attn-course fingerprint\0" + secret_value.encode()).hexdigest()[:16]

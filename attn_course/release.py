@@ -92,16 +92,11 @@ def public_cases(exercises: dict[str, Exercise], chapter: int) -> dict:
             "book": e.book_page, "rtol": e.rtol, "atol": e.atol,
             "cases": [
                 {"name": c.name, "note": c.note, "inputs": values.encode(c.inputs),
-                 "expected": values.encode(_public(x))}
+                 "expected": values.encode(x.public_dict())}
                 for c, x in zip(cases, expected)
             ],
         }
     return out
-
-
-def _public(result: dict) -> dict:
-    """What a student may see of a reference result: no file paths."""
-    return {k: v for k, v in result.items() if k in ("status", "type", "value")}
 
 
 def write_cases(dest: Path, exercises: dict[str, Exercise]) -> None:

@@ -1,25 +1,33 @@
-"""How a grading worker is confined.
+"""How a worker is confined: one class per kind of confinement.
 
-Submitted code runs in a worker process (:mod:`attn_course.worker`) that
+Submitted code (a library archive or a notebook's answer cells) runs only in
+a worker server (:mod:`attn_course.worker`, ``--serve``), which forks one
+fresh child per job.  A :class:`Sandbox` says how that server is started:
 
-* has resource limits: CPU seconds, address space, file size, open files,
-  no core dumps, and a process limit: a pids cgroup per parallel slot where
-  the system lets the grader make one (then every process a worker left
-  behind is found and killed), else ``RLIMIT_NPROC`` (which the kernel does
-  not apply to root);
-* under bubblewrap (``bwrap``, the Debian package ``bubblewrap``), when it is
-  installed and works, sees only the system's read-only libraries, the Python
-  environment, the course tooling (``attn_course``, which holds no expected
-  values and no secret), the submission (read-only) and its own empty working
-  folder; no network, no other processes, a fresh ``/tmp``;
-* without bubblewrap (the fallback), still has the limits, a private working
-  folder, a scrubbed environment and no network when the grader is root (a
-  new network namespace); it can read what the grader's user can read, so
-  the grader warns that the fallback does not hide files.
+``Plain``
+    no confinement: a student's check of their own code on their own machine.
+``Limited``
+    resource limits only (CPU seconds, address space, file size, open files,
+    processes, no core dumps), a scrubbed environment, a private scratch
+    folder and, when the grader is root, no network.  It can read what the
+    grader's user can read: the grader warns.
+``Bubblewrap``
+    the grading sandbox.  Everything is read-only (the system, the Python
+    environment, the course tooling bound at a neutral path); the only writable places are a size-capped ``/tmp`` tmpfs and a
+    size-capped private ``/dev/shm``, both emptied after every job (a server
+    that cannot empty them exits, and the next one starts pristine).  The
+    grader's XLA compilation cache is not there: its programs embed the
+    hidden cases' inputs (and folded outputs) as constants, and a shared
+    writable cache would let one job plant programs for the next.  No
+    network, its own pid namespace, no capabilities, no new user namespaces,
+    uid 1000.  No folder of the grader is bound writable: jobs come in and
+    results go out over the server's pipes.  The reference library, the
+    secret, expected values, hidden cases' expected values and the grading
+    folder are never there.
 
-The trusted parent never unpickles anything: it reads the worker's JSON lines
-(:mod:`attn_course.values`) and compares them with expected values that the
-worker never had.
+In every kind the interpreter runs with ``-I`` (no ``PYTHON*`` variables, no
+user site, no current or script folder on ``sys.path``) and the course
+tooling is the only thing put on the path, read-only.
 """
 
 from __future__ import annotations
@@ -29,51 +37,95 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from . import ROOT
 
+COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and nothing else
 
 
-@dataclass
-class Local:
-    """No confinement: a student's check of their own code on their own machine."""
+@dataclass(frozen=True)
+class Limits:
+    """What one worker may use."""
 
-    kind: str = "local"
+    per_exercise_s: float = 60.0  # wall-clock seconds for one exercise's cases
+    per_archive_s: float = 300.0  # wall-clock seconds for everything one archive runs
+    cpu_s: int = 120  # CPU seconds for one job
+    memory_mb: int = 3072  # address space of a worker
+    processes: int = 64  # threads and processes (JAX starts a few)
+    file_mb: int = 64  # largest file a worker may write
+    scratch_mb: int = 64  # the job's writable /tmp (a tmpfs), and as much again for /dev/shm
+    output_mb: int = 16  # most a job may report (its results channel)
 
-    def package_path(self, package: Path) -> str:
-        return str(package)
 
-    def command(self, job: Path, out: Path, workdir: Path, limits):
-        from .runner import default_command
+def worker_env(home: str, cache: Path | None) -> dict[str, str]:
+    """The whole environment of a worker: nothing of the grader's."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0",
+           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+    if cache is not None:
+        env["ATTN_COURSE_CACHE"] = str(cache)
+    return env
 
-        argv, env = default_command(job, out, workdir, limits)
-        return argv, env, None
+
+def _server_argv(course_parent: str, scratch: str) -> list[str]:
+    """``python -I``: attn_course from ``course_parent`` only, never the current folder."""
+    boot = (f"import sys; sys.path.insert(0, {course_parent!r}); "
+            "from attn_course.worker import main; sys.exit(main())")
+    return [sys.executable, "-I", "-c", boot, "--serve", "--scratch", scratch]
+
+
+class Sandbox(Protocol):
+    """How a worker server is started, and what is left to clean after it."""
+
+    kind: str
+
+    def server_command(self) -> tuple[list[str], dict[str, str]]:
+        """The argv and the complete environment of a worker server."""
 
     def cleanup(self) -> None:
-        pass
+        """After a server is gone: end what it left and remove its scratch."""
 
 
-def bwrap_works() -> bool:
-    exe = shutil.which("bwrap")
-    if not exe:
-        return False
-    try:
-        r = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-                           capture_output=True, timeout=20)
-        return r.returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+class Plain:
+    """No confinement: a student's own check on their own machine."""
+
+    kind = "plain"
+
+    def __init__(self, limits: Limits | None = None, cache: Path | None = None):
+        self.limits, self.cache = limits or Limits(), cache
+        self._scratch: str | None = None
+
+    def server_command(self):
+        self.cleanup()
+        self._scratch = tempfile.mkdtemp(prefix="attn-check-")
+        env = worker_env(self._scratch, self.cache)
+        return _server_argv(str(ROOT), self._scratch), env
+
+    def cleanup(self) -> None:
+        if self._scratch:
+            _rmtree(self._scratch)
+            self._scratch = None
 
 
-def _cgroup(slot: int, limits) -> Path | None:
-    """A pids (and memory) cgroup for one slot, or None where the system has none for us."""
+def _launcher(limits: Limits, newnet: bool, cgroup: Path | None) -> list[str]:
+    """The limits, applied by :mod:`attn_course.limit` just before exec."""
+    limit = str(ROOT / "attn_course" / "limit.py")
+    return [sys.executable, "-S", "-I", limit, str(limits.cpu_s), str(limits.memory_mb),
+            str(limits.file_mb), str(limits.processes), "1" if newnet else "0",
+            str(cgroup) if cgroup else "-", "--"]
+
+
+def _cgroup(slot: int, limits: Limits) -> Path | None:
+    """A pids cgroup for one slot, or None where the system has none for us."""
     for base in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
         if not (base / "cgroup.procs").exists():
             continue
-        group = base / f"attn-course-slot{slot}"
+        group = base / f"attn-course-{os.getpid()}-slot{slot}"
         try:
             group.mkdir(exist_ok=True)
             (group / "pids.max").write_text(str(limits.processes))
@@ -83,217 +135,109 @@ def _cgroup(slot: int, limits) -> Path | None:
     return None
 
 
-class Confined:
-    """The grading sandbox: bubblewrap when it works, else limits alone."""
+def _kill_cgroup(group: Path | None) -> None:
+    if group is None:
+        return
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
 
-    def __init__(self, slot: int = 0, use_bwrap: bool | None = None, cache: Path | None = None,
-                 limits=None):
-        from .runner import Limits
 
-        # Workers keep the grader's uid (the Python environment may live where another
-        # uid cannot read, e.g. under /root); bubblewrap maps it to an unprivileged one.
-        self.root = os.geteuid() == 0
-        self.bwrap = bwrap_works() if use_bwrap is None else use_bwrap
-        self.kind = "bubblewrap" if self.bwrap else "limits"
-        self.cache = cache
-        self.cgroup = _cgroup(slot, limits or Limits())
-
-    def package_path(self, package: Path) -> str:
-        return "/submission" if self.bwrap else str(package)
+def _rmtree(path: str) -> None:
+    """Remove a folder a job wrote, even where it took its own permissions away."""
+    for root, dirs, _ in os.walk(path):
+        for d in dirs:
+            try:
+                os.chmod(os.path.join(root, d), 0o700)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
-    def _env(self, home: str) -> dict:
-        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-               "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-               "PYTHONNOUSERSITE": "1"}
-        if self.cache is not None:
-            env["ATTN_COURSE_CACHE"] = str(self.cache)
-        return env
+class Limited:
+    """Resource limits without file isolation (where bubblewrap does not work)."""
 
-    def _launcher(self, limits, newnet: bool) -> list[str]:
-        """The limits, applied by :mod:`attn_course.limit` just before exec."""
-        limit = str(ROOT / "attn_course" / "limit.py")
-        return [sys.executable, "-S", "-I", limit, str(limits.cpu_s), str(limits.memory_mb),
-                str(limits.file_mb), str(limits.processes), "1" if newnet else "0",
-                str(self.cgroup) if self.cgroup else "-", "--"]
+    kind = "limits"
 
-    def command(self, job: Path, out: Path, workdir: Path, limits):
-        py = sys.executable
-        if not self.bwrap:
-            argv = self._launcher(limits, self.root) + [py, "-m", "attn_course.worker", str(job), str(out)]
-            env = self._env(str(workdir))
-            env["PYTHONPATH"] = str(ROOT)
-            return argv, env, None
-        argv = self.bwrap_argv([("--bind", str(workdir), "/grading-work"),
-                                ("--ro-bind", str(self._package), "/submission")], "/grading-work", "/grading-work")
-        argv += [py, "-m", "attn_course.worker", "/grading-work/" + job.name, "/grading-work/" + out.name]
-        return self._launcher(limits, False) + argv, self._env(str(workdir)), None
+    def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
+        self.limits, self.cache = limits or Limits(), cache
+        self.cgroup = _cgroup(slot, self.limits)
+        self._scratch: str | None = None
 
-    def bwrap_argv(self, extra: list[tuple[str, str, str]], chdir: str, home: str) -> list[str]:
-        """bubblewrap: read-only system, Python and attn_course; no network, pids, caps."""
-        binds = []
+    def server_command(self):
+        self.cleanup()
+        self._scratch = tempfile.mkdtemp(prefix="attn-job-")
+        env = worker_env(self._scratch, self.cache)
+        argv = _launcher(self.limits, os.geteuid() == 0, self.cgroup) + _server_argv(str(ROOT), self._scratch)
+        return argv, env
+
+    def cleanup(self) -> None:
+        _kill_cgroup(self.cgroup)
+        if self._scratch:
+            _rmtree(self._scratch)
+            self._scratch = None
+
+
+def bwrap_works() -> bool:
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    try:
+        r = subprocess.run([exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                            "--ro-bind", "/", "/", "true"], capture_output=True, timeout=20)
+        return r.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class Bubblewrap:
+    """The grading sandbox (see the module's docstring)."""
+
+    kind = "bubblewrap"
+
+    def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
+        self.limits, self.cache = limits or Limits(), cache
+        self.cgroup = _cgroup(slot, self.limits)
+
+    def bwrap_argv(self) -> list[str]:
+        binds: list[str] = []
         for path in ("/usr", "/lib", "/lib64", "/bin", "/lib32", "/etc/alternatives", "/etc/ld.so.cache"):
             if os.path.exists(path):
                 binds += ["--ro-bind", path, path]
-        for path in {sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}:
+        for path in sorted({sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}):
             binds += ["--ro-bind", path, path]
-        course = str(ROOT / "attn_course")
-        binds += ["--ro-bind", course, course]
-        if self.cache is not None and Path(self.cache).is_dir():
-            binds += ["--ro-bind", str(self.cache), str(self.cache)]
-        for kind, src, dst in extra:
-            binds += [kind, src, dst]
+        binds += ["--ro-bind", str(ROOT / "attn_course"), f"{COURSE_IN_SANDBOX}/attn_course"]
+        size = str(self.limits.scratch_mb * 2**20)
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds
-        argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session",
-                "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL", "--tmpfs", "/tmp",
-                *binds, "--proc", "/proc", "--dev", "/dev",
-                "--chdir", chdir, "--clearenv"]
-        for k, v in self._env(home).items():
+        argv = [shutil.which("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns",
+                "--die-with-parent", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
+                "--size", size, "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
+                "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/", "--clearenv"]
+        for k, v in worker_env("/tmp", None).items():
             argv += ["--setenv", k, v]
         return argv
 
-    def bind_package(self, package: Path) -> None:
-        self._package = Path(package)
+    def server_command(self):
+        argv = _launcher(self.limits, False, self.cgroup) + self.bwrap_argv() + _server_argv(COURSE_IN_SANDBOX, "/tmp")
+        return argv, worker_env("/tmp", None)
 
     def cleanup(self) -> None:
-        """Kill every process a worker left running in the slot's cgroup.
-
-        Without a cgroup, bubblewrap's pid namespace (``--die-with-parent``)
-        or the worker's session (killed by the runner) ends them.
-        """
-        if self.cgroup is None:
-            return
-        for _ in range(20):
-            try:
-                pids = [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
-            except OSError:
-                return
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.01)
+        _kill_cgroup(self.cgroup)
 
 
-class ForkServer:
-    """One sandboxed ``attn_course.worker --serve`` per slot (bubblewrap only).
-
-    Python, NumPy, JAX and the exercise specs are imported once per slot
-    instead of once per submission; each job runs in a fresh child.  Any
-    trouble (a timeout, a dead server) kills the whole sandbox; the next job
-    starts a new one.
-    """
-
-    def __init__(self, confined: "Confined", slot_dir: Path, limits):
-        self.confined, self.slot_dir, self.limits = confined, Path(slot_dir), limits
-        self.proc: subprocess.Popen | None = None
-
-    def inside(self, path: Path) -> str:
-        return "/slot/" + str(Path(path).relative_to(self.slot_dir))
-
-    def _start(self) -> None:
-        c = self.confined
-        argv = c.bwrap_argv([("--bind", str(self.slot_dir), "/slot")], "/slot", "/slot")
-        argv += [sys.executable, "-m", "attn_course.worker", "--serve"]
-        self.log = open(self.slot_dir / "server.log", "ab")
-        self.proc = subprocess.Popen(c._launcher(self.limits, False) + argv, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, env=c._env("/slot"))
-        os.set_blocking(self.proc.stdout.fileno(), False)
-        self._buf = b""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            msg = self._read()
-            if msg and msg.get("ready"):
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.01)
-        self.kill()
-
-    def alive(self) -> bool:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = None
-            self._start()
-        return self.proc is not None and self.proc.poll() is None
-
-    def _read(self) -> dict | None:
-        import json
-
-        try:
-            chunk = os.read(self.proc.stdout.fileno(), 4096)
-        except BlockingIOError:
-            chunk = None
-        except OSError:
-            chunk = b""
-        if chunk:
-            self._buf += chunk
-        if b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            try:
-                return json.loads(line)
-            except ValueError:
-                return {}
-        return None
-
-    def submit(self, job: Path, out: Path, log: Path, work: Path, limits) -> "_Job":
-        import json
-
-        os.chmod(log, 0o666)
-        req = {"job": self.inside(job), "out": self.inside(out), "log": self.inside(log),
-               "cwd": self.inside(work), "cpu_s": limits.cpu_s}
-        self.proc.stdin.write((json.dumps(req) + "\n").encode())
-        self.proc.stdin.flush()
-        return _Job(self)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        self.proc = None
-        self.confined.cleanup()
-
-    def close(self) -> None:
-        self.kill()
-
-
-class _Job:
-    """A job on a fork server, with the interface of a Popen the runner needs."""
-
-    def __init__(self, server: ForkServer):
-        self.server, self.code = server, None
-
-    def poll(self):
-        if self.code is not None:
-            return self.code
-        srv = self.server
-        if srv.proc is None:
-            self.code = -9
-            return self.code
-        msg = srv._read()
-        if msg and "done" in msg:
-            self.code = int(msg["done"])
-        elif srv.proc.poll() is not None:  # the server died (a job killed it)
-            srv.kill()
-            self.code = -9
-        return self.code
-
-    def kill(self) -> None:
-        self.server.kill()
-        self.code = -9
-
-    def wait(self):
-        while self.poll() is None:
-            time.sleep(0.01)
-        return self.code
+def confinement(slot: int, limits: Limits, cache: Path | None, use_bwrap: bool | None) -> Sandbox:
+    """The grading sandbox: bubblewrap where it works (or where asked), else limits alone."""
+    if use_bwrap is None:
+        use_bwrap = bwrap_works()
+    return (Bubblewrap if use_bwrap else Limited)(slot, limits, cache)

@@ -1,9 +1,10 @@
 """Run a package's functions on given inputs; report plain values only.
 
-``python -m attn_course.worker JOB.json OUT.jsonl`` loads the package named in
-the job (a folder holding an ``attn_tensors`` package: a student's
-workspace, or the reference), calls each exercise's probe on each case's
-inputs, and appends one JSON line per exercise to ``OUT.jsonl``:
+A worker server (:func:`serve`, started by :mod:`attn_course.server` inside a
+:mod:`attn_course.sandbox`) receives jobs: a package's source files and the
+exercises' case inputs.  For each job a fresh child loads the package as
+``attn_tensors``, calls each exercise's probe on each case's inputs, and
+writes one JSON line per exercise to its results pipe:
 ``{"start": "3.1"}`` when it begins, then ``{"id": "3.1", "results": [...]}``.
 A result is ``{"status": "ok", "value": {...arrays...}}``, ``{"status":
 "raised", "type": ..., "message": ...}`` or ``{"status": "not_implemented",
@@ -20,7 +21,11 @@ import importlib
 import importlib.util
 import json
 import os
+import re
+import shutil
+import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -156,33 +161,76 @@ def resolve(function: str) -> Any:
     return getattr(importlib.import_module(f"attn_tensors.{module}"), name)
 
 
-def run_job(job: dict, out) -> None:
+def _exercise_results(ex: Any, fn: Any, cases: list[dict], error: str | None) -> list[dict]:
+    if error:
+        return [{"status": "raised", "type": "ImportError", "message": error[:MAX_MESSAGE]}] * len(cases)
+    return [evaluate(fn, ex.probe, values.decode(case["inputs"])) for case in cases]
+
+
+def _run_notebook(notebook: dict, exercises: dict) -> dict[str, tuple[Any, str | None]]:
+    """A notebook's cells, in order, in one namespace: each exercise's function or its error.
+
+    ``notebook`` is ``{"setup": source, "exercises": [{"id", "cells": [{"name",
+    "source"}]}]}``: the release's locked cells and the student's answer
+    cells.  Each answer also replaces the library function of the same name,
+    so library code that calls it (another exercise) uses the student's.
+    """
+    ns: dict[str, Any] = {"__name__": "__notebook__"}
+    found: dict[str, tuple[Any, str | None]] = {}
+    setup_error = None
+    try:
+        exec(compile(notebook.get("setup", ""), "<notebook setup cell>", "exec"), ns)
+    except BaseException as err:  # noqa: BLE001
+        setup_error = f"the notebook's setup cell failed: {type(err).__name__}: {err}"
+    for item in notebook["exercises"]:
+        ex = exercises[item["id"]]
+        error = setup_error
+        if error is None:
+            for cell in item["cells"]:
+                try:
+                    exec(compile(cell["source"], f"<notebook cell {cell['name']}>", "exec"), ns)
+                except BaseException as err:  # noqa: BLE001 - the submission's failure is data
+                    error = f"cell {cell['name']} failed: {type(err).__name__}: {err}"
+                    break
+        fn = ns.get(ex.name) if error is None else None
+        if error is None and not callable(fn):
+            error = f"the answer cell does not define {ex.name}"
+        if error is None:
+            try:
+                setattr(importlib.import_module(f"attn_tensors.{ex.module}"), ex.name, fn)
+            except Exception:  # noqa: BLE001
+                pass
+        found[ex.id] = (fn, error)
+    return found
+
+
+def run_job(job: dict, package: Path, out) -> None:
+    """Each exercise of the job on the package; one JSON line per exercise to ``out``."""
     from .registry import all_exercises
 
     exercises = all_exercises()
     try:
-        load_package(job["package"])
+        load_package(package)
         load_error = None
-    except BaseException as err:  # noqa: BLE001
-        load_error = f"the package does not import: {type(err).__name__}: {err}"[:MAX_MESSAGE]
+    except BaseException as err:  # noqa: BLE001 - the submission's failure is data
+        load_error = f"the package does not import: {type(err).__name__}: {err}"
+    from_notebook = None
+    if load_error is None and job.get("notebook") is not None:
+        from_notebook = _run_notebook(job["notebook"], exercises)
     for item in job["exercises"]:
         ex = exercises[item["id"]]
         out.write(json.dumps({"start": ex.id}) + "\n")
         out.flush()
-        results = []
-        if load_error:
-            results = [{"status": "raised", "type": "ImportError", "message": load_error}] * len(item["cases"])
-        else:
+        fn, error = None, load_error
+        if error is None and from_notebook is not None:
+            fn, error = from_notebook.get(ex.id, (None, f"the notebook has no answer for {ex.id}"))
+        elif error is None:
             try:
                 fn = resolve(ex.function)
             except BaseException as err:  # noqa: BLE001
-                msg = f"cannot import attn_tensors.{ex.function}: {type(err).__name__}: {err}"
-                fn, results = None, [{"status": "raised", "type": "ImportError", "message": msg[:MAX_MESSAGE]}] * len(item["cases"])
-            if fn is not None:
-                for case in item["cases"]:
-                    results.append(evaluate(fn, ex.probe, values.decode(case["inputs"])))
-        line = json.dumps({"id": ex.id, "results": values.encode(results)}, allow_nan=False)
-        out.write(line + "\n")
+                error = f"cannot import attn_tensors.{ex.function}: {type(err).__name__}: {err}"
+        results = _exercise_results(ex, fn, item["cases"], error)
+        out.write(json.dumps({"id": ex.id, "results": values.encode(results)}, allow_nan=False) + "\n")
         out.flush()
 
 
@@ -192,30 +240,106 @@ def _setup_jax() -> None:
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_platforms", "cpu")
     if os.environ.get("ATTN_COURSE_CACHE"):
-        from .runner import enable_compile_cache
+        from .xla_cache import enable_compile_cache
 
         enable_compile_cache(os.environ["ATTN_COURSE_CACHE"])
 
 
-def serve() -> int:
+_SAFE_FILE = re.compile(r"\Aattn_tensors/(?:[A-Za-z_][A-Za-z0-9_]*/)*[A-Za-z_][A-Za-z0-9_]*\.py\Z")
+
+
+def _write_package(files: dict[str, str], dest: Path) -> None:
+    for name, source in files.items():
+        if not _SAFE_FILE.match(name):
+            raise ValueError(f"refusing to write {name!r}")
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source)
+
+
+def _empty(folder: str) -> bool:
+    """Remove everything in ``folder``; True when it is empty afterwards."""
+    for entry in os.listdir(folder):
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            for root, dirs, _ in os.walk(path):
+                for d in dirs:
+                    try:
+                        os.chmod(os.path.join(root, d), 0o700)
+                    except OSError:
+                        pass
+            try:
+                os.chmod(path, 0o700)
+            except OSError:
+                pass
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return not os.listdir(folder)
+
+
+def _kill_others(in_pid_namespace: bool, child: int) -> bool:
+    """End every process but this server; True when none is left."""
+    me = os.getpid()
+    if not in_pid_namespace:
+        try:
+            os.killpg(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return True
+    for _ in range(50):
+        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        if not others:
+            return True
+        for other in others:
+            try:
+                os.kill(other, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for other in others:
+            try:
+                os.waitpid(other, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.002)
+    return False
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = f.read().decode("utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:400] if lines else ""
+
+
+def serve(scratch: str) -> int:
     """A fork server: import once, then one fresh child per job (``--serve``).
 
-    Reads one JSON line per job from stdin (``{"job", "out", "log", "cwd",
-    "cpu_s"}``), forks, and answers ``{"done": status}`` on stdout when the
-    child is gone.  JAX is imported here but its backend is started only in
-    the children (XLA's threads do not survive a fork).  Each child gets
-    /dev/null as stdin, its own log as stdout and stderr, a fresh CPU-time
-    budget and a new session; afterwards every other process of the sandbox is
-    killed and /tmp emptied, so nothing of one submission reaches the next.
-    This server itself is not dumpable: a child cannot ptrace it or open its
-    descriptors.
+    Reads one JSON job per line from stdin, writes the job's package into an
+    empty ``scratch`` folder (the sandbox's private ``/tmp``), forks, and
+    relays each line the child writes to its results pipe as ``{"out":
+    line}``; when the child is gone it ends every other process of the
+    sandbox, empties ``scratch`` and ``/dev/shm`` and answers ``{"done":
+    status, "tail": last output line}``.  If it cannot leave the sandbox
+    clean it exits, and the grader starts a pristine one.  JAX is imported
+    here but its backend starts only in the children (XLA's threads do not
+    survive a fork).  The server is not dumpable: a child cannot ptrace it
+    or open its descriptors.
     """
     import ctypes
     import resource
-    import shutil
-    import signal
+    import select
 
     _setup_jax()
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Error writing persistent compilation cache")
     import jax.numpy  # noqa: F401 - imported once, here
     from .registry import all_exercises
 
@@ -226,83 +350,84 @@ def serve() -> int:
     control_in, control_out = sys.stdin.buffer, os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     in_pid_namespace = os.getpid() <= 3
-    control_out.write(json.dumps({"ready": True}) + "\n")
+    shm = "/dev/shm" if in_pid_namespace and os.path.isdir("/dev/shm") else None
+
+    def send(msg: dict) -> None:
+        control_out.write(json.dumps(msg) + "\n")
+
+    send({"ready": True})
     for line in control_in:
         try:
-            req = json.loads(line)
-        except ValueError:
-            continue
+            job = json.loads(line)
+            work = Path(scratch) / "job"
+            work.mkdir()
+            _write_package(job["files"], work / "pkg")
+            os.chmod(work, 0o755)
+        except Exception:  # noqa: BLE001 - the trusted side sent something this server cannot do
+            return 2
+        r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: one submission
+        if pid == 0:  # the child: one job
+            code = 1
             try:
                 libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
                 os.setsid()
-                log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                 os.dup2(devnull, 0)
                 os.dup2(log, 1)
                 os.dup2(log, 2)
-                os.closerange(3, 4096)
-                os.chdir(req["cwd"])
-                cpu = int(req.get("cpu_s", 120))
+                os.dup2(w, 3)
+                os.closerange(4, 4096)
+                os.chdir(work)
+                cpu = int(job.get("cpu_s", 120))
                 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
                 sys.stdin = open(os.devnull)
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
-                job = json.loads(Path(req["job"]).read_text())
-                with open(req["out"], "a", buffering=1) as out:
-                    run_job(job, out)
+                with open(3, "w", buffering=1) as out:
+                    run_job(job, work / "pkg", out)
                 code = 0
             except BaseException:  # noqa: BLE001
                 code = 1
             os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        if in_pid_namespace:  # kill whatever the job left behind, then clean /tmp
-            me = os.getpid()
-            for _ in range(20):
-                others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
-                if not others:
-                    break
-                for other in others:
-                    try:
-                        os.kill(other, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                for other in others:
-                    try:
-                        os.waitpid(other, os.WNOHANG)
-                    except ChildProcessError:
-                        pass
-            for entry in os.listdir("/tmp"):
-                path = os.path.join("/tmp", entry)
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _unlink(path)
-        else:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        code = os.waitstatus_to_exitcode(status)
-        control_out.write(json.dumps({"done": code}) + "\n")
+        os.close(w)
+        buf, status = b"", None
+        while True:
+            ready, _, _ = select.select([r], [], [], 0.05)
+            if ready:
+                chunk = os.read(r, 1 << 20)
+                buf += chunk
+                while b"\n" in buf:
+                    text, buf = buf.split(b"\n", 1)
+                    send({"out": text.decode("utf-8", errors="replace")})
+                if len(buf) > (32 << 20):
+                    send({"out": buf[:1000].decode("utf-8", errors="replace")})
+                    buf = b""
+                if chunk:
+                    continue
+            if status is not None:
+                break  # the child is gone; what it wrote before is read (a leftover is killed below)
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+        clean = _kill_others(in_pid_namespace, pid)
+        os.close(r)
+        tail = _last_line(work / "output.log")
+        clean = _empty(scratch) and (shm is None or _empty(shm)) and clean
+        send({"done": os.waitstatus_to_exitcode(status), "tail": tail})
+        if not clean:
+            return 3  # something of the job would outlive it: a new sandbox for the next one
     return 0
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--serve"]:
-        return serve()
-    job_path, out_path = argv
-    job = json.loads(Path(job_path).read_text())
-    _setup_jax()
-    with open(out_path, "a", buffering=1) as out:
-        run_job(job, out)
-    return 0
+    if len(argv) == 3 and argv[0] == "--serve" and argv[1] == "--scratch":
+        return serve(argv[2])
+    print("usage: python -m attn_course.worker --serve --scratch DIR", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""Notebooks graded in the sandbox, and scores kept in nbgrader's gradebook.
+
+A submitted notebook is never executed by nbgrader here: its answer cells
+(the cells nbgrader marks ``solution``, found by their ``grade_id``) run in
+the same sandboxed worker as a library archive, between the release's own
+locked cells (setup and imports, taken from ``exercises/``, not from the
+submission), and are scored on the hidden cases by the trusted side.  The
+scores go into nbgrader's gradebook (one assignment per chapter, one grade
+cell per exercise's test cell, and the assignment ``library``), so
+``nbgrader export`` and the formgrader work as instructors know them.
+Running ``nbgrader autograde`` on students' notebooks instead would execute
+them unconfined, as the grader's user: ``nbgrader_config.py`` refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from . import EXERCISES
+from .registry import Exercise
+
+MAX_NOTEBOOK_CELLS = 400
+
+
+def _cells_by_id(nb: object) -> dict[str, list[str]]:
+    """grade_id -> sources of the code cells that carry it (a notebook is untrusted JSON)."""
+    found: dict[str, list[str]] = {}
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError("not a notebook")
+    for cell in nb["cells"][:MAX_NOTEBOOK_CELLS]:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        meta = cell.get("metadata")
+        grade_id = meta.get("nbgrader", {}).get("grade_id") if isinstance(meta, dict) and isinstance(meta.get("nbgrader"), dict) else None
+        src = cell.get("source", "")
+        if isinstance(src, list) and all(isinstance(s, str) for s in src):
+            src = "".join(src)
+        if not isinstance(grade_id, str) or not isinstance(src, str):
+            continue
+        found.setdefault(grade_id, []).append(src)
+    return found
+
+
+def notebook_jobs(sub, exercises: list[Exercise]):
+    """(chapter, notebook job, {exercise: why it scores 0}) for each notebook of the archive."""
+    chapters = sorted({e.chapter for e in exercises})
+    for ch in chapters:
+        name = f"notebooks/ch{ch:02d}.ipynb"
+        release = EXERCISES / f"ch{ch:02d}" / f"ch{ch:02d}.ipynb"
+        if name not in sub.files or not release.exists():
+            continue
+        locked = _cells_by_id(json.loads(release.read_text()))
+        problems: dict[str, str] = {}
+        try:
+            theirs = _cells_by_id(json.loads(sub.files[name]))
+        except (ValueError, RecursionError, UnicodeDecodeError, TypeError, AttributeError):
+            theirs = {}
+            problems = {e.id: "the notebook is not a readable .ipynb file" for e in exercises if e.chapter == ch}
+        items = []
+        for e in exercises:
+            if e.chapter != ch:
+                continue
+            answer = theirs.get(f"{e.label}-answer", [])
+            if len(answer) != 1 and e.id not in problems:
+                problems[e.id] = (f"the notebook has {len(answer)} answer cells for exercise {e.id} "
+                                  f"(expected one, with grade_id {e.label}-answer)")
+            cells = [{"name": f"{e.label}-imports", "source": s} for s in locked.get(f"{e.label}-imports", [])]
+            cells += [{"name": f"{e.label}-answer", "source": answer[0] if len(answer) == 1 else ""}]
+            items.append({"id": e.id, "cells": cells})
+        setup = "\n".join(locked.get(f"ch{ch:02d}-setup", []))
+        yield ch, {"setup": setup, "exercises": items}, problems
+
+
+def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebooks: bool = False) -> None:
+    """The library scores as assignment ``library``; notebook scores as ``chNN``."""
+    import warnings
+
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+
+    if db_url.startswith("sqlite:///"):
+        Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    groups = [("library", "library", "{label}", exercises, "scores")]
+    if notebooks:
+        for ch in sorted({e.chapter for e in exercises}):
+            chosen = [e for e in exercises if e.chapter == ch]
+            groups.append((f"ch{ch:02d}", f"ch{ch:02d}", "{label}-tests", chosen, "notebook_scores"))
+    with warnings.catch_warnings(), Gradebook(db_url) as gb:
+        # nbgrader's add_submission triggers an autoflush warning with SQLAlchemy 2
+        warnings.simplefilter("ignore", SAWarning)
+        for assignment, notebook, cell, chosen, attr in groups:
+            gb.update_or_create_assignment(assignment)
+            gb.update_or_create_notebook(notebook, assignment)
+            for e in chosen:
+                gb.update_or_create_grade_cell(cell.format(label=e.label), notebook, assignment,
+                                               max_score=float(e.points), cell_type="code")
+            gb.db.commit()
+            for sid, r in best.items():
+                gb.update_or_create_student(sid)
+                gb.update_or_create_submission(assignment, sid)
+                for e in chosen:
+                    g = gb.find_grade(cell.format(label=e.label), notebook, assignment, sid)
+                    g.auto_score = float(getattr(r, attr).get(e.id, 0.0))
+                gb.db.commit()
+
+
+def export_csv(db_url: str, out: Path) -> Path:
+    """``nbgrader export`` of the gradebook into ``OUT/grades.csv``; raises if nbgrader fails."""
+    out = Path(out).resolve()
+    target = out / "grades.csv"
+    env_bin = str(Path(sys.executable).parent)
+    import os
+
+    env = dict(os.environ, PATH=f"{env_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    r = subprocess.run([sys.executable, "-m", "nbgrader", "export", f"--db={db_url}", f"--to={target}"],
+                       cwd=out, env=env, capture_output=True, text=True)
+    if r.returncode != 0 or not target.exists():
+        raise RuntimeError(f"nbgrader export failed:\n{r.stderr[-1500:]}")
+    return target

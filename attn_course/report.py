@@ -1,0 +1,150 @@
+"""What grading writes for people: gradebook, feedback, class report, histograms.
+
+Everything a submission controls (ids, archive names, exception messages on
+public cases) is escaped here for its destination (:mod:`attn_course.text`):
+CSV cells a spreadsheet would run as formulas, Markdown, control characters.
+Hidden cases' messages are fixed sentences already (:mod:`attn_course.scoring`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from pathlib import Path
+
+from .registry import Exercise
+from .text import csv_cell, md_code_block, md_inline
+
+
+def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False) -> None:
+    from .grade import atomic_write, latest_by_student
+
+    best = latest_by_student(results)
+    ids = [e.id for e in exercises]
+    maxp = float(sum(e.points for e in exercises))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    head = ["student_id", *ids, "total", "max", "archive"]
+    if notebooks:
+        head += [f"notebook {i}" for i in ids] + ["notebook total"]
+    w.writerow(head)
+    for sid in sorted(best):
+        r = best[sid]
+        scores = [r.scores.get(i, 0.0) for i in ids]
+        row = [csv_cell(sid), *[f"{s:g}" for s in scores], f"{sum(scores):g}", f"{maxp:g}", csv_cell(r.archive)]
+        if notebooks:
+            nb = [r.notebook_scores.get(i, 0.0) for i in ids]
+            row += [f"{s:g}" for s in nb] + [f"{sum(nb):g}"]
+        w.writerow(row)
+    atomic_write(out / "gradebook.csv", buf.getvalue())
+    for sid, r in best.items():
+        atomic_write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises))
+    rejected = [r for r in results if r.rejected]
+    from .grade import result_name
+
+    for r in rejected:
+        name = result_name(Path(r.archive)).removesuffix(".json")
+        atomic_write(out / "feedback" / "rejected" / f"{name}.md",
+                     f"# Not graded: {md_inline(r.archive, 120)}\n\n{md_inline(r.rejected, 600)}\n")
+    write_report(out, results, best, exercises, roster)
+
+
+def _case_lines(fb: dict) -> list[str]:
+    out = []
+    for c in fb.get("cases", []):
+        if c["passed"]:
+            continue
+        msg = c["message"]
+        first, _, rest = msg.partition("\n")
+        out.append(f"* {md_inline(c['case'], 120)}: {md_inline(first, 600)}")
+        if rest.strip():
+            out.append("")
+            out.append(md_code_block(rest, 2000))
+            out.append("")
+    return out
+
+
+def _section(out: list[str], title: str, scores: dict, feedback: dict, exercises: list[Exercise]) -> None:
+    for e in exercises:
+        fb = feedback.get(e.id, {})
+        out.append(f"## {title}{e.id}: {md_inline(e.title)} ({scores.get(e.id, 0.0):g}/{e.points})")
+        status = fb.get("status", "")
+        if status == "pass":
+            out.append("All cases pass.")
+        elif status == "not_implemented":
+            out.append("Not implemented.")
+        else:
+            out += _case_lines(fb)
+            if e.hint:
+                out.append(f"\nHint: {e.hint}")
+        out.append("")
+
+
+def feedback_text(r, exercises: list[Exercise]) -> str:
+    maxp = sum(e.points for e in exercises)
+    out = [f"# Feedback for {md_inline(r.student_id, 64)}", "", f"Archive: {md_inline(r.archive, 120)}  ",
+           f"Total: {r.total:g} / {maxp:g} points", "",
+           "Each exercise is scored on hidden cases; the public cases (the ones "
+           "`attn-course check` runs) are shown with expected and obtained values.", ""]
+    if r.budget_spent:
+        out += ["**This archive used its whole time budget; what had not run by then scores 0.**", ""]
+    _section(out, "Exercise ", r.scores, r.feedback, exercises)
+    if r.notebook_feedback:
+        out += ["# Notebooks", ""]
+        chosen = [e for e in exercises if e.id in r.notebook_feedback]
+        _section(out, "Notebook exercise ", r.notebook_scores, r.notebook_feedback, chosen)
+    return "\n".join(out)
+
+
+def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .grade import atomic_write
+
+    rejected = [r for r in results if r.rejected]
+    n = len(exercises)
+    cols = min(n, 5)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 2.4 * rows), squeeze=False)
+    lines = [f"# Class report ({len(best)} students, {len(rejected)} rejected archives)", "",
+             "| exercise | points | mean | full marks | zero |", "|---|---|---|---|---|"]
+    for ax, e in zip(axes.flat, exercises):
+        s = [r.scores.get(e.id, 0.0) for r in best.values()]
+        ax.hist(s, bins=[x - 0.5 for x in range(e.points + 2)] if s else 1, color="#4c72b0", rwidth=0.85)
+        ax.set_title(f"{e.id}: {e.title[:28]}", fontsize=8)
+        ax.set_xlabel("score", fontsize=7)
+        ax.tick_params(labelsize=7)
+        mean = sum(s) / len(s) if s else 0.0
+        lines.append(f"| {e.id} | {e.points} | {mean:.2f} | {sum(x == e.points for x in s)} | {sum(x == 0 for x in s)} |")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(out / "histograms.png", buf.getvalue())
+    if rejected:
+        lines += ["", "## Rejected archives", ""]
+        lines += [f"* {md_inline(r.archive, 120)}: {md_inline(r.rejected, 300)}" for r in rejected]
+    spent = [r for r in results if r.budget_spent]
+    if spent:
+        lines += ["", "## Archives that used their whole time budget", ""]
+        lines += [f"* {md_inline(r.archive, 120)} ({md_inline(r.student_id or '', 64)}, {r.seconds:.0f} s)" for r in spent]
+    accepted = Counter(r.student_id for r in results if r.student_id and not r.rejected)
+    dup = sorted(s for s, k in accepted.items() if k > 1)
+    if dup:
+        lines += ["", "## Students with several archives (the one received last counts)", ""]
+        for sid in dup:
+            names = sorted((r.received, r.archive) for r in results if r.student_id == sid and not r.rejected)
+            lines.append(f"* {md_inline(sid, 64)}: " + ", ".join(md_inline(a, 120) for _, a in names)
+                         + f" — counted: {md_inline(best[sid].archive, 120)}")
+    if roster is not None:
+        missing = [s for s in roster.ids if s not in best]
+        if missing:
+            lines += ["", "## On the roster, no accepted archive", ""] + [f"* {md_inline(s, 64)}" for s in missing]
+    lines += ["", "![per-exercise scores](histograms.png)", ""]
+    atomic_write(out / "report.md", "\n".join(lines))

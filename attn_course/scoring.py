@@ -1,0 +1,278 @@
+"""One scoring path for every command: outcomes in, typed verdicts and points out.
+
+``attn-course check`` (public cases), ``attn-course validate`` (reference
+and stub), ``attn-course grade`` (hidden cases, then public ones to explain)
+and the notebooks' test cells all compare an :class:`Outcome` that a worker
+reported with the reference's, here, and score with :meth:`ExerciseResult.score`.
+
+What a worker reports is untrusted: exception type names, messages, result
+keys and locations are the submission's text.  On a hidden case the verdict
+is a fixed category chosen here and never echoes any of it (nor a hidden
+value); on a public case it may quote it, and whoever writes it to a file or a
+terminal escapes it (:mod:`attn_course.text`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .registry import Case, Exercise
+
+
+class Status(str, Enum):
+    """The verdict on one case (and, summarised, on one exercise)."""
+
+    PASS = "pass"
+    WRONG = "wrong"  # a value, a shape or an exception differs from the reference's
+    NOT_IMPLEMENTED = "not_implemented"  # its stub is still there
+    BLOCKED = "blocked"  # another exercise's stub stopped it
+    RAISED = "raised"  # an exception where the reference returns a value
+    BAD_VALUE = "bad_value"  # not an array (or not readable)
+    TIMEOUT = "timeout"  # the per-exercise time limit
+    CRASHED = "crashed"  # the worker died, exited, or broke a limit
+    BUDGET = "budget"  # the archive's whole time budget was spent before this ran
+    FAIL = "fail"  # (exercises only) some cases fail
+
+
+OUTCOMES = {"ok", "raised", "not_implemented", "bad_value", "timeout", "crashed", "budget"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One case as a worker reported it (untrusted) or the reference computed it."""
+
+    status: str  # one of OUTCOMES
+    value: dict[str, np.ndarray] | None = None  # status "ok": named arrays
+    type: str = ""  # status "raised": the exception's type name
+    message: str = ""
+    exercise: str = ""  # status "not_implemented": whose stub raised
+    where: str = ""  # file:line in attn_tensors
+
+    @classmethod
+    def failure(cls, status: str, message: str) -> "Outcome":
+        return cls(status, message=message)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Outcome":
+        """From a worker's (decoded) result; anything malformed is a bad value."""
+        if not isinstance(d, dict) or d.get("status") not in OUTCOMES:
+            return cls("bad_value", message="an unreadable result")
+        text = {k: d.get(k, "") if isinstance(d.get(k, ""), str) else "" for k in ("type", "message", "exercise", "where")}
+        text = {k: v[:400] for k, v in text.items()}
+        value = None
+        if d["status"] == "ok":
+            value = d.get("value")
+            if (not isinstance(value, dict) or not value or len(value) > 16
+                    or not all(isinstance(k, str) and len(k) <= 64 and isinstance(v, np.ndarray)
+                               for k, v in value.items())):
+                return cls("bad_value", message="an unreadable result")
+        return cls(d["status"], value, **text)
+
+    def public_dict(self) -> dict:
+        """What the public case files hold of a reference outcome."""
+        out: dict[str, Any] = {"status": self.status}
+        if self.status == "ok":
+            out["value"] = self.value
+        if self.status == "raised":
+            out["type"] = self.type
+        return out
+
+
+@dataclass
+class CaseResult:
+    case: str
+    passed: bool
+    status: Status
+    message: str = ""
+    hidden: bool = False
+
+
+@dataclass
+class ExerciseResult:
+    exercise: Exercise
+    cases: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def status(self) -> Status:
+        if self.passed:
+            return Status.PASS
+        for s in (Status.NOT_IMPLEMENTED, Status.BLOCKED, Status.BUDGET, Status.TIMEOUT, Status.CRASHED):
+            if any(c.status == s for c in self.cases) and not any(c.passed for c in self.cases):
+                return s
+        return Status.FAIL
+
+    @property
+    def score(self) -> float:
+        """Points times the fraction of hidden cases passed (all cases if none are hidden)."""
+        graded = [c for c in self.cases if c.hidden] or self.cases
+        if not graded:
+            return 0.0
+        return self.exercise.points * sum(c.passed for c in graded) / len(graded)
+
+
+# -- comparing ---------------------------------------------------------------------
+
+
+def _label(key: str) -> str:
+    if key == "value":
+        return "the result"
+    if key.isdigit():
+        return f"result[{key}]"
+    return key
+
+
+def _fmt(a: np.ndarray) -> str:
+    return np.array2string(np.asarray(a), precision=6, threshold=24, edgeitems=3, max_line_width=72)
+
+
+def _num(x: Any) -> str:
+    """A number as a reader writes it (not ``np.float64(...)``)."""
+    return repr(float(x)) if np.asarray(x).dtype.kind == "f" else str(np.asarray(x).item())
+
+
+def compare_values(exp: dict, got: dict, rtol: float, atol: float, show: bool) -> str:
+    """'' when ``got`` matches ``exp``; else what differs.
+
+    With ``show`` (public cases) the message may name the submission's keys
+    and show values; without it (hidden cases) it is one of a few fixed
+    sentences that name only the reference's parts.
+    """
+    if set(exp) != set(got):
+        if not show:
+            return "returned the wrong number or kind of results"
+        if list(exp) == ["value"]:
+            return f"returned {len(got)} values ({', '.join(sorted(got)[:8])}), expected one array"
+        return f"returned {', '.join(sorted(got)[:8]) or 'nothing'}, expected {', '.join(exp)}"
+    for key in exp:
+        e, g = np.asarray(exp[key]), np.asarray(got[key])
+        name = _label(key)
+        if e.shape != g.shape:
+            return f"{name} has shape {g.shape}, expected {e.shape}" if show else f"{name} has the wrong shape"
+        if e.dtype.kind == "b" or g.dtype.kind == "b":
+            if not np.array_equal(e.astype(bool), g.astype(bool)) or e.dtype.kind != g.dtype.kind:
+                if e.dtype.kind != g.dtype.kind:
+                    return f"{name} has dtype {g.dtype}, expected {e.dtype}"
+                if not show:
+                    return f"{name} has wrong values"
+                if e.ndim == 0:
+                    return f"{name} is {g.item()!r}, expected {e.item()!r}"
+                bad = tuple(int(i) for i in np.argwhere(e != g)[0])
+                return f"{name} is wrong at index {bad}\n  expected {_fmt(e)}\n  got      {_fmt(g)}"
+            continue
+        e64, g64 = e.astype(np.float64), g.astype(np.float64)
+        problems = []
+        nan = np.isnan(g64) & ~np.isnan(e64)
+        if nan.any():
+            problems.append((np.argwhere(nan)[0], "nan"))
+        inf_bad = (np.isinf(e64) | np.isinf(g64)) & ~(e64 == g64) & ~np.isnan(g64)
+        if inf_bad.any():
+            problems.append((np.argwhere(inf_bad)[0], "infinite mismatch"))
+        fin = np.isfinite(e64) & np.isfinite(g64)
+        close = np.isclose(g64, e64, rtol=rtol, atol=atol) | ~fin
+        if not close.all():
+            problems.append((np.argwhere(~close)[0], "value"))
+        if problems:
+            idx, kind = problems[0]
+            idx = tuple(int(i) for i in idx)
+            if show:
+                msg = f"{name} differs at index {idx}: expected {_num(e64[idx])}, got {_num(g64[idx])}"
+                if kind == "value":
+                    err = np.max(np.abs(g64 - e64)[fin])
+                    msg += f" (largest error {err:.3g}; tolerance rtol={rtol:g}, atol={atol:g})"
+                return msg + f"\n  expected {_fmt(e)}\n  got      {_fmt(g)}"
+            what = {"nan": "contains nan where the answer is a number",
+                    "infinite mismatch": "is infinite where it should not be (or finite where it should be)",
+                    "value": "has wrong values"}[kind]
+            return f"{name} {what}"
+    return ""
+
+
+# Fixed sentences for outcomes on hidden cases: nothing the submission wrote.
+HIDDEN_WORDS = {
+    "raised": "raised an exception where the reference returns a value",
+    "bad_value": "did not return an array of numbers",
+    "timeout": "stopped at the time limit",
+    "crashed": "the worker crashed or broke a limit (memory, processes, file size, output)",
+    "budget": "not run: the archive's time budget was spent",
+}
+
+
+def compare(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: bool,
+            own_stub: bool = False, known: frozenset[str] = frozenset()) -> CaseResult:
+    name = f"hidden case {case.name}" if hidden else case.name
+    st = got.status
+    note = f" [{case.note}]" if case.note and not hidden else ""
+    if st == "not_implemented":
+        owner = got.exercise if got.exercise in known else ""
+        if owner and owner != ex.owner and not own_stub:
+            where = f" at {got.where}" if got.where and not hidden else ""
+            return CaseResult(name, False, Status.BLOCKED,
+                              f"needs exercise {owner} first (its stub raised NotImplementedError{where})", hidden)
+        return CaseResult(name, False, Status.NOT_IMPLEMENTED, "not implemented yet", hidden)
+    if st in ("timeout", "crashed", "bad_value", "budget"):
+        return CaseResult(name, False, Status(st), HIDDEN_WORDS[st] if hidden else got.message or st, hidden)
+    if expected.status == "raised":
+        if st == "raised" and got.type == expected.type:
+            return CaseResult(name, True, Status.PASS, "", hidden)
+        if hidden:
+            what = "raised another exception" if st == "raised" else "returned a value"
+        else:
+            what = f"raised {got.type}: {got.message}" if st == "raised" else "returned a value"
+        return CaseResult(name, False, Status.WRONG, f"should raise {expected.type}, but {what}{note}", hidden)
+    if st == "raised":
+        if hidden:
+            return CaseResult(name, False, Status.RAISED, HIDDEN_WORDS["raised"], hidden)
+        where = f" ({got.where})" if got.where else ""
+        return CaseResult(name, False, Status.RAISED, f"raised {got.type}: {got.message}{where}{note}", hidden)
+    msg = compare_values(expected.value or {}, got.value or {}, ex.rtol, ex.atol, show=not hidden)
+    if msg:
+        return CaseResult(name, False, Status.WRONG, msg + note, hidden)
+    return CaseResult(name, True, Status.PASS, "", hidden)
+
+
+def stubbed_exercises(package: Path) -> set[str]:
+    """Exercises whose stub line is still in a package's source (read as text, never run)."""
+    found = set()
+    for path in Path(package, "attn_tensors").rglob("*.py"):
+        try:
+            text = path.read_text(errors="replace")[: 4 * 2**20]
+        except OSError:
+            continue
+        found.update(re.findall(r"raise NotImplementedError\(\s*['\"]Exercise (\d+\.\d+): implement ", text))
+        found.update(re.findall(r"# not implemented yet: Exercise (\d+\.\d+)\b", text))
+    return found
+
+
+def grade(ex: Exercise, cases: list[Case], expected: list[Outcome], got: list[Outcome], hidden: bool,
+          stubbed: set[str] | frozenset = frozenset()) -> list[CaseResult]:
+    """Compare case by case; ``stubbed``: exercises whose stub is still in the source."""
+    from .registry import all_exercises
+
+    known = frozenset(all_exercises())
+    if len(got) == 1 and len(cases) > 1:
+        got = got * len(cases)  # one verdict (timeout, crash) for every case
+    if len(got) != len(cases):
+        return [CaseResult(f"hidden case {c.name}" if hidden else c.name, False, Status.CRASHED,
+                           "no result for this case", hidden) for c in cases]
+    own = ex.owner in stubbed
+    results = [compare(ex, c, e, g, hidden, own, known) for c, e, g in zip(cases, expected, got)]
+    # A function that raises NotImplementedError on some inputs is not done,
+    # even if its given input checks already raise the right error on others.
+    stub = next((r for r in results if r.status in (Status.NOT_IMPLEMENTED, Status.BLOCKED)), None)
+    if stub is None and own and not any(r.passed for r in results):
+        # its placeholder stub (not a raise) is still in the source: not done yet
+        stub = CaseResult("", False, Status.NOT_IMPLEMENTED, "not implemented yet", hidden)
+    if stub is not None:
+        for r in results:
+            r.passed, r.status, r.message = False, stub.status, stub.message
+    return results

@@ -1,0 +1,167 @@
+"""The trusted side of a worker server: start it, send jobs, read its messages.
+
+A server (``attn_course.worker --serve``) runs inside a :class:`Sandbox`; it
+imports Python, NumPy, JAX and the specs once, then forks one fresh child
+per job.  The protocol is one JSON line per message, over the server's
+stdin and stdout only (no shared folder):
+
+* to the server: ``{"files": {path: source}, "exercises": [...], "cpu_s": n}``;
+* from the server: ``{"ready": true}``, then per job ``{"out": LINE}`` for
+  each line the job wrote to its results channel (LINE is the job's text,
+  carried as a JSON string: it cannot forge a message of the server), and
+  ``{"done": status, "tail": LAST_OUTPUT_LINE}`` when the job is gone and
+  the sandbox is clean again.
+
+Anything else (a line that is not JSON, a message of another shape, too much
+data) means the server is broken: it is killed, and the next job starts a
+new one from pristine sources.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+from .sandbox import Sandbox
+
+MAX_LINE = 32 * 2**20  # one message (a job's line) at most
+
+
+class ServerError(RuntimeError):
+    """The server broke (started badly, died, spoke out of protocol)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line the job wrote to its results channel (untrusted text)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job is over: its exit status and the last line it printed (untrusted)."""
+
+    status: int
+    tail: str
+
+
+class WorkerServer:
+    def __init__(self, sandbox: Sandbox, start_timeout_s: float = 120.0):
+        self.sandbox, self.start_timeout_s = sandbox, start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._buf = b""
+        self.starts = 0
+
+    # -- life ---------------------------------------------------------------------
+    def start(self) -> None:
+        argv, env = self.sandbox.server_command()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+                                     cwd="/")
+        self.starts += 1
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self._buf = b""
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            msg = self._message()
+            if msg == "ready":
+                return
+            if msg is not None or self.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        self.kill()
+        raise ServerError("the worker server did not start")
+
+    def ensure(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()
+            self.start()
+
+    def kill(self) -> None:
+        """Stop the server and everything in its sandbox; the next job starts a new one."""
+        if self.proc is not None:
+            for kill in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), self.proc.kill):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self.proc = None
+        self.sandbox.cleanup()
+
+    close = kill
+
+    # -- jobs -----------------------------------------------------------------------
+    def submit(self, job: dict) -> None:
+        self.ensure()
+        try:
+            self.proc.stdin.write((json.dumps(job, separators=(",", ":")) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as err:
+            self.kill()
+            raise ServerError(f"the worker server is gone ({err})") from None
+
+    def poll(self) -> list[Line | Done]:
+        """What arrived since the last poll; raises :class:`ServerError` if the server broke."""
+        out: list[Line | Done] = []
+        while True:
+            msg = self._message()
+            if msg is None:
+                break
+            if msg == "ready" or msg == "bad":
+                self.kill()
+                raise ServerError("the worker server spoke out of protocol")
+            out.append(msg)
+            if isinstance(msg, Done):
+                break
+        if not out and self.proc is not None and self.proc.poll() is not None and not self._pending():
+            self.kill()
+            raise ServerError("the worker server died")
+        return out
+
+    def _pending(self) -> bool:
+        return b"\n" in self._buf
+
+    def _message(self):
+        """The next whole message: 'ready', a Line, a Done, 'bad', or None for nothing yet."""
+        if self.proc is None:
+            return None
+        if b"\n" not in self._buf:
+            try:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+            except BlockingIOError:
+                chunk = None
+            except OSError:
+                chunk = b""
+            if chunk:
+                self._buf += chunk
+            if len(self._buf) > MAX_LINE and b"\n" not in self._buf:
+                return "bad"
+        if b"\n" not in self._buf:
+            return None
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            return "bad"
+        if obj == {"ready": True}:
+            return "ready"
+        if isinstance(obj, dict) and set(obj) == {"out"} and isinstance(obj["out"], str):
+            return Line(obj["out"])
+        if (isinstance(obj, dict) and set(obj) == {"done", "tail"} and type(obj["done"]) is int
+                and isinstance(obj["tail"], str)):
+            return Done(obj["done"], obj["tail"][:400])
+        return "bad"
