@@ -1,0 +1,257 @@
+"""Hostile archives against the confinement, the results channel and the reports.
+
+One batch, graded in one slot (so every archive runs after the ones before it
+on the same worker server): archives that plant files, processes or signals
+for later jobs; archives that get right answers only if they can reach what
+the grader hides (its secret, its compilation cache, the network, leftovers
+of earlier jobs); archives that forge or flood the results channel; archives
+whose messages, type names and keys try to reach the feedback, the report or
+the terminal; and one that sleeps just under every limit.  Each asserts: no
+credit for what it touched, full credit for the rest, honest archives in the
+same batch at full marks, the batch and a rerun finish, and nothing the
+submission wrote reaches a file unescaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from attn_course import ROOT
+from attn_course.archive import build_archive, library_files
+from attn_course.grade import Grader
+from attn_course.identity import token_for
+from attn_course.sandbox import Limits, bwrap_works
+
+pytestmark = pytest.mark.slow
+
+FULL = {"3.1": 3, "3.2": 3, "3.3": 2, "3.4": 2, "3.5": 2}
+SECRET = "redteam-confinement-secret-4b1d"
+ESC = "\x1b"
+
+# The function each exercise grades, with its signature.
+SIG = {"3.1": "log_partition_function(S, mask=None, T=1.0)", "3.2": "entropy(A, mask=None)",
+       "3.3": "free_energy(S, mask=None, T=1.0)", "3.4": "heat_capacity(S, mask=None, T=1.0)",
+       "3.5": "zero_temperature_limit(S, mask=None)"}
+
+
+def _wrap(ex: str, body: str, prelude: str = "") -> str:
+    """Replace exercise ``ex``'s function by ``body``; ``_honest`` is the reference one."""
+    name, args = SIG[ex].split("(", 1)
+    call = ", ".join(a.split("=")[0] for a in args.rstrip(")").split(", "))
+    return (f"{prelude}\n_honest_{name} = {name}\n"
+            f"def {SIG[ex]}:\n    _honest = lambda: _honest_{name}({call})\n"
+            + "".join(f"    {line}\n" for line in body.strip("\n").splitlines()))
+
+
+# Wrong answer unless the leak works: a leak would show as credit.
+IF_LEAK = "return _honest() if _leak() else _honest() * 0 + 7"
+
+HOSTILE = {
+    # -- persistence: what a job writes must not outlive it ---------------------------------
+    "a1_plant_tmp": (_wrap("3.1", "import os\nfor d in ('/tmp', '/dev/shm', os.getcwd()):\n"
+                                  "    try:\n"
+                                  "        open(os.path.join(d, 'numpy_planted.py'), 'w').write('x = 1')\n"
+                                  "        os.makedirs(os.path.join(d, 'locked/inner'), exist_ok=True)\n"
+                                  "        open(os.path.join(d, 'locked/inner/f'), 'w').write('x')\n"
+                                  "        os.chmod(os.path.join(d, 'locked/inner'), 0)\n"
+                                  "        os.chmod(os.path.join(d, 'locked'), 0)\n"
+                                  "    except OSError:\n        pass\n"
+                                  "return _honest() * 0"), ["3.1"]),
+    "a2_plant_course": (_wrap("3.2", "import os, sys, site\n"
+                                     "for d in ['/', '/opt/attn-course', '/opt/attn-course/attn_course'] + sys.path + site.getsitepackages():\n"
+                                     "    try:\n"
+                                     "        open(os.path.join(d or '.', 'sitecustomize.py'), 'w').write('import os; os._exit(9)')\n"
+                                     "    except OSError:\n        pass\n"
+                                     "return _honest() * 0"), ["3.2"]),
+    "a3_daemon": (_wrap("3.3", "import os, time\n"
+                               "if os.fork() == 0:\n"
+                               "    os.setsid()\n"
+                               "    if os.fork() == 0:\n"
+                               "        for i in range(10**6):\n"
+                               "            try:\n"
+                               "                open(f'/tmp/daemon{i % 5}', 'w').write('x')\n"
+                               "            except OSError:\n                pass\n"
+                               "            time.sleep(0.01)\n"
+                               "    os._exit(0)\n"
+                               "return _honest() * 0"), ["3.3"]),
+    "a4_fill_scratch": (_wrap("3.5", "for d in ('/tmp', '/dev/shm'):\n"
+                                     "    try:\n"
+                                     "        with open(d + '/fill', 'wb') as f:\n"
+                                     "            while True:\n                f.write(b'x' * 2**20)\n"
+                                     "    except OSError:\n        pass\n"
+                                     "raise ValueError('filled')"), ["3.5"]),
+    "b_honest_after_planters": (None, []),
+    "c1_spy_leftovers": (_wrap("3.4", IF_LEAK, "import os\ndef _leak():\n"
+                                              "    junk = [p for p in os.listdir('/tmp') if p != 'job'] + os.listdir('/dev/shm')\n"
+                                              "    procs = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]\n"
+                                              "    return bool(junk or procs or os.path.exists(os.getcwd() + '/numpy_planted.py'))\n"),
+                         ["3.4"]),
+    # -- reaching what the grader hides ----------------------------------------------------
+    "d1_secret_hunt": (_wrap("3.1", IF_LEAK, "import os, glob\ndef _leak():\n"
+                                            f"    s = {SECRET!r}\n"
+                                            "    if s in str(os.environ):\n        return True\n"
+                                            "    for p in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline'):\n"
+                                            "        try:\n"
+                                            "            if s.encode() in open(p, 'rb').read():\n                return True\n"
+                                            "        except OSError:\n            pass\n"
+                                            "    return False\n"), ["3.1"]),
+    "d2_compile_cache": (_wrap("3.2", IF_LEAK, "import os, glob\ndef _leak():\n"
+                                              "    pats = ['/root/.cache/attn-course/*/*', os.path.expanduser('~/.cache/attn-course/*/*'),\n"
+                                              "            '/home/*/.cache/attn-course/*/*', '/tmp/*/xla/*']\n"
+                                              "    return any(glob.glob(p) for p in pats) or bool(os.environ.get('ATTN_COURSE_CACHE'))\n"),
+                         ["3.2"]),
+    "d3_network": (_wrap("3.3", IF_LEAK, "import socket\ndef _leak():\n"
+                                        "    for addr in [('1.1.1.1', 53), ('8.8.8.8', 53), ('10.0.0.1', 80)]:\n"
+                                        "        try:\n"
+                                        "            socket.create_connection(addr, timeout=0.5).close()\n"
+                                        "            return True\n"
+                                        "        except OSError:\n            pass\n"
+                                        "    try:\n"
+                                        "        u = socket.socket(socket.AF_UNIX)\n"
+                                        "        u.connect('\\0/tmp/.X11-unix/X0')\n"
+                                        "        return True\n"
+                                        "    except OSError:\n        pass\n"
+                                        "    return False\n"), ["3.3"]),
+    "d4_reference_and_grading": (_wrap("3.4", IF_LEAK, "import os, glob\ndef _leak():\n"
+                                                      f"    for p in [{str(ROOT / 'attn_tensors' / 'statmech.py')!r}] + glob.glob('/**/gradebook.csv', recursive=False)\n"
+                                                      "             + glob.glob('/tmp/pytest-of-*/**/results/*.json', recursive=True)\n"
+                                                      f"             + glob.glob({str(ROOT / 'solutions' / '*' / '*.ipynb')!r}):\n"
+                                                      "        if os.path.exists(p):\n            return True\n"
+                                                      "    return False\n"), ["3.4"]),
+    # -- the server and the results channel ----------------------------------------------------
+    "e1_kill_server": (_wrap("3.5", "import os, signal\nfor pid in (os.getppid(), 1):\n"
+                                    "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+                                    "    except OSError:\n        pass\n"
+                                    "return _honest()"), ["3.5"]),
+    "e2_stop_server": (_wrap("3.1", "import os, signal, time\n"
+                                    "try:\n    os.kill(os.getppid(), signal.SIGSTOP)\nexcept OSError:\n    pass\n"
+                                    "time.sleep(60)\nreturn _honest()"), ["3.1"]),
+    "e3_forged_lines": (_wrap("3.4", "import os, json\n"
+                                     "zero = {'__array__': 'float64', 'shape': [], 'data': [0.0]}\n"
+                                     "for ex in ('3.5', '3.1'):\n"
+                                     "    os.write(3, (json.dumps({'id': ex, 'results': [{'status': 'ok', 'value': {'value': zero}}] * 9}) + '\\n').encode())\n"
+                                     "os.write(3, b'{\"start\": [1]}\\n{\"id\": {\"x\": 1}, \"results\": 5}\\n' + b'[' * 200000 + b'\\n\\xff\\xfe\\n')\n"
+                                     "os.write(3, (json.dumps({'id': '3.5', 'results': [{'status': 'ok', 'value': {'ZZ': zero}}, {'status': 'weird'}]}) + '\\n').encode())\n"
+                                     "return _honest() * 0"), ["3.4", "3.5"]),
+    "e4_deep_value": (_wrap("3.2", "x = []\nfor _ in range(100000):\n    x = [x]\nreturn {'value': x}"), ["3.2"]),
+    # -- text the submission controls ----------------------------------------------------------------
+    "f1_ansi_markdown_csv": (_wrap("3.1", "raise ValueError('\\x1b[2J\\x1b]8;;http://evil.example\\x07click\\x1b]8;;\\x07\\n"
+                                          "# Full marks\\n=HYPERLINK(\"http://evil.example\")|<script>alert(1)</script>\\r' + 'A' * 100000)"),
+                             ["3.1"]),
+    "f2_type_name_leak": (_wrap("3.2", "import numpy as np\nv = ','.join(repr(float(x)) for x in np.ravel(np.asarray(A))[:4])\n"
+                                       "raise type('Leak' + v.replace('.', 'd').replace('-', 'm').replace(',', '_'), (Exception,), {})(v)"),
+                          ["3.2"]),
+    "f3_key_leak": (_wrap("3.5", "import numpy as np\nv = repr(float(np.ravel(np.asarray(S))[0]))\n"
+                                 "return {'k' + v: _honest(), v: _honest()}"), ["3.5"]),
+    "f4_evil_str": (_wrap("3.4", "class E(Exception):\n"
+                                 "    def __str__(self):\n        raise RuntimeError('no str for you')\n"
+                                 "raise E()"), ["3.4"]),
+    # -- the archive's budget ----------------------------------------------------------------------------
+    "g_sleep_under_limits": ("_SLEPT = set()\n" + "".join(
+        _wrap(ex, f"import time\nif {ex!r} not in _SLEPT:\n    _SLEPT.add({ex!r})\n    time.sleep(3.5)\nreturn _honest()")
+        for ex in FULL), "budget"),
+    "h_honest_last": (None, []),
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if not bwrap_works():
+        if os.environ.get("ATTN_REQUIRE_BWRAP") == "1":
+            pytest.fail("bubblewrap is required (ATTN_REQUIRE_BWRAP=1) but does not work here")
+        pytest.skip("the confinement attacks need bubblewrap")
+    os.environ["ATTN_COURSE_SECRET"] = SECRET
+    tmp = tmp_path_factory.mktemp("confine")
+    subs, out = tmp / "submitted", tmp / "grading"
+    subs.mkdir()
+    ref = library_files(ROOT)
+    for name, (code, _) in HOSTILE.items():
+        files = dict(ref)
+        if code is not None:
+            files["attn_tensors/statmech.py"] = ref["attn_tensors/statmech.py"] + b"\n\n" + code.encode()
+        sid = name.replace("_", "-")
+        build_archive(subs / f"{name}.zip", sid, files, token=token_for(sid, SECRET))
+    lines: list[str] = []
+    limits = Limits(per_exercise_s=4, per_archive_s=16, cpu_s=60, file_mb=16, scratch_mb=32)
+    g = Grader(out, "3", jobs=1, limits=limits, log=lines.append)
+    try:
+        results = g.run(subs)
+        rerun: list[str] = []
+        Grader(out, "3", jobs=1, limits=limits, log=rerun.append).run(subs)
+    finally:
+        del os.environ["ATTN_COURSE_SECRET"]
+    return {r.archive: asdict(r) for r in results}, out, lines, rerun
+
+
+def test_forty_hostile_archives_and_notebooks_in_all():
+    from tests.course import test_nbgrader, test_redteam
+
+    n = len(HOSTILE) + len(test_redteam.HOSTILE) + len(test_redteam.REJECTED) + len(test_nbgrader.HOSTILE_NOTEBOOKS)
+    assert n >= 40, n
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_no_credit_for_what_it_touched_and_full_credit_elsewhere(graded, name):
+    results, out, _, _ = graded
+    r = results[f"{name}.zip"]
+    assert not r["rejected"], r["rejected"]
+    _, touched = HOSTILE[name]
+    if touched == "budget":
+        assert r["budget_spent"] and sum(r["scores"].values()) < 12, r["scores"]
+        assert "time budget" in (out / "report.md").read_text()
+        return
+    for ex, full in FULL.items():
+        fb = r["feedback"][ex]
+        if ex in touched:
+            assert r["scores"][ex] == 0.0, (name, ex, fb)
+            assert any(c["message"].strip() for c in fb["cases"] if not c["passed"]), (name, ex, fb)
+        else:
+            assert r["scores"][ex] == float(full), (name, ex, fb)
+
+
+def test_hidden_feedback_quotes_nothing_the_submission_wrote(graded):
+    results, out, _, _ = graded
+    for r in results.values():
+        for fb in r["feedback"].values():
+            for c in fb["cases"]:
+                if c["hidden"]:
+                    assert "Leak" not in c["message"] and "'k" not in c["message"], c
+                    assert not any(ch.isdigit() for ch in c["message"].replace("3.", "")), c
+    text = (out / "feedback" / "f2-type-name-leak.md").read_text()
+    assert "Leak" not in "".join(ln for ln in text.splitlines() if ln.startswith("* hidden"))
+
+
+def test_files_and_terminal_get_no_control_characters_or_markup(graded):
+    results, out, lines, _ = graded
+    for path in list((out / "feedback").rglob("*.md")) + [out / "report.md", out / "gradebook.csv"]:
+        text = path.read_text()
+        assert ESC not in text and "\r" not in text, path
+        assert "<script>" not in text, path
+        assert not any(ln.startswith("# Full marks") for ln in text.splitlines()), path
+        assert max(len(ln) for ln in text.splitlines()) < 5000, path
+    for ln in lines:
+        assert ESC not in ln and "\r" not in ln
+
+
+def test_the_batch_and_a_rerun_finish(graded):
+    results, out, lines, rerun = graded
+    assert len(results) == len(HOSTILE)
+    assert f"0 already graded, {len(HOSTILE)} to grade" in lines[0]
+    assert "0 to grade" in rerun[0], rerun[0]
+    rows = (out / "gradebook.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(HOSTILE)
+
+
+def test_nothing_outlived_its_job(graded):
+    import subprocess
+
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "attn_course.worker" not in ps
+    for leftover in ("/tmp/numpy_planted.py", "/tmp/daemon0", "/dev/shm/numpy_planted.py", "/tmp/fill"):
+        assert not Path(leftover).exists(), leftover
+    assert not (ROOT / "attn_course" / "sitecustomize.py").exists()
