@@ -103,10 +103,11 @@ def md_inline(s: object, limit: int = 200) -> str:
     Every ASCII punctuation character is backslash-escaped, so no Markdown,
     MyST or HTML construct can start (no emphasis, link, image, heading,
     table cell, role, substitution, math, HTML tag, entity or autolink);
-    newlines become spaces, so no block can start either
-    (a leading ``-``, ``+`` or ``1.`` is escaped like every other ``-+.``).
+    newlines become spaces and leading spaces go, so no block can start
+    either (no indented code; a leading ``-``, ``+`` or ``1.`` is escaped
+    like every other ``-+.``).
     """
-    return _MD_META.sub(r"\\\1", plain(s, limit, newlines=False))
+    return _MD_META.sub(r"\\\1", plain(s, limit, newlines=False).strip(" "))
 
 
 def md_code_block(s: object, limit: int = 4000, lang: str = "") -> str:
