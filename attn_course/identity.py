@@ -25,6 +25,7 @@ import csv
 import enum
 import hashlib
 import hmac
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -198,7 +199,7 @@ def load_roster(path: Path | str) -> Roster:
         raise RosterError(f"{path}: not UTF-8 text (save the roster as CSV UTF-8)") from None
     except OSError as err:
         raise RosterError(f"{path}: cannot be read ({err.strerror or err})") from None
-    reader = csv.reader(text.splitlines())
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader, None)
     except csv.Error as err:
