@@ -11,24 +11,56 @@ archive with a reason the student can act on.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import stat
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from .workspace import ASSIGNMENT, STUDENT_ID
+from .identity import MAX_TOKEN_INPUT, valid_student_id
+from .workspace import ASSIGNMENT, FORMAT
 
 MAX_MEMBERS = 200
+"""Members of an archive (and entries of the manifest's ``files``), at most."""
 MAX_FILE = 2 * 2**20
+"""Unpacked size of one member, at most (bytes)."""
 MAX_TOTAL = 16 * 2**20
-ALLOWED = re.compile(r"^(attn_tensors/([A-Za-z_][A-Za-z0-9_]*/)*[A-Za-z_][A-Za-z0-9_]*\.py|notebooks/[A-Za-z0-9_.-]+\.ipynb)$")
+"""Unpacked size of all members together, at most (bytes)."""
+MAX_ARCHIVE = MAX_TOTAL + 4 * 2**20
+"""Size of the archive file itself, at most (bytes)."""
+MAX_MANIFEST = 64 * 2**10
+"""Size of ``manifest.json``, at most (bytes)."""
+MAX_RATIO = 200
+"""Compression ratio of a member above 64 KiB, at most (deflate reaches ~1000 on a zip bomb)."""
+MAX_NAME = 200
+"""Length of a member's name, at most."""
+ALLOWED = re.compile(r"attn_tensors/([A-Za-z_][A-Za-z0-9_]*/)*[A-Za-z_][A-Za-z0-9_]*\.py"
+                     r"|notebooks/[A-Za-z0-9_.-]+\.ipynb")
+"""Paths a member may have besides ``manifest.json`` (use ``fullmatch``)."""
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+
+# The manifest's schema: field -> (type, longest str or list, required).  Types are
+# exact (a bool is not an int), and no other field is allowed.
+MANIFEST_FIELDS: dict[str, tuple[type, int, bool]] = {
+    "format": (int, 0, True),
+    "student_id": (str, 64, True),
+    "assignment": (str, 64, True),
+    "library_version": (str, 32, True),
+    "submitted": (str, 40, True),  # informational: the student's clock, never trusted
+    "files": (dict, MAX_MEMBERS, True),
+    "token": (str, MAX_TOKEN_INPUT, False),
+    "exercises": (list, 500, False),
+}
 
 
 class Rejected(ValueError):
-    """The archive cannot be graded; the message says why."""
+    """The archive cannot be graded; the message says why (short, printable ASCII)."""
 
 
 @dataclass
@@ -38,83 +70,262 @@ class Submission:
     student_id: str = ""
     manifest: dict = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
+    token: str | None = None
+    """The manifest's token as written (``None`` if absent); see :func:`attn_course.identity.check_identity`."""
+
+
+def _show(value: object, limit: int = 80) -> str:
+    """``value`` quoted in printable ASCII (``ascii()``), cut to ``limit`` characters."""
+    text = ascii(value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def _why(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(c for c in text if c.isprintable())
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _regular_fd(path: Path) -> int | None:
+    """An open descriptor on ``path`` if it is a regular file (not a link, FIFO, folder...)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def sha256_file(path: Path) -> str:
+    """SHA-256 of a regular file; ``""`` for anything else (a link, FIFO or folder is never opened for reading)."""
+    fd = _regular_fd(Path(path))
+    if fd is None:
+        return ""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
-def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
-    with z.open(info) as f:
-        data = f.read(MAX_FILE + 1)
-    if len(data) > MAX_FILE:
-        raise Rejected(f"{info.filename} is larger than {MAX_FILE // 2**20} MB")
+def _archive_bytes(path: Path) -> bytes:
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        raise Rejected(f"the archive cannot be read ({err.strerror or type(err).__name__})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise Rejected("the archive is a symbolic link, not a file (copy the archive itself)")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "folder" if stat.S_ISDIR(st.st_mode) else "FIFO" if stat.S_ISFIFO(st.st_mode) else "special file"
+        raise Rejected(f"the archive is a {kind}, not a zip file")
+    if st.st_size > MAX_ARCHIVE:
+        raise Rejected(f"the archive is larger than {MAX_ARCHIVE // 2**20} MB")
+    fd = _regular_fd(path)
+    if fd is None:
+        raise Rejected("the archive is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_ARCHIVE + 1)
+    if len(data) > MAX_ARCHIVE:
+        raise Rejected(f"the archive is larger than {MAX_ARCHIVE // 2**20} MB")
     return data
 
 
-def read_submission(path: Path, assignment: str = ASSIGNMENT) -> Submission:
-    """The verified contents of an archive, or :class:`Rejected`."""
-    path = Path(path)
-    sub = Submission(path, sha256_file(path))
+def _check_member(info: zipfile.ZipInfo) -> None:
+    """Rejects a member whose name, kind, flags or sizes are not acceptable (before reading it)."""
+    name = info.filename
+    if not name or len(name) > MAX_NAME or not name.isascii() or not name.isprintable():
+        raise Rejected(f"unsafe path in the archive: {_show(name)} (control or non-ASCII characters)")
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or "\\" in name or ".." in parts or ":" in name:
+        raise Rejected(f"unsafe path in the archive: {_show(name)}")
+    if stat.S_ISLNK(info.external_attr >> 16):
+        raise Rejected(f"{_show(name)} is a link; only plain files are accepted")
+    if info.flag_bits & 0x1:
+        raise Rejected(f"{_show(name)} is encrypted; make archives with `attn-course submit`")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise Rejected(f"{_show(name)} uses an unsupported compression (method {int(info.compress_type)}); "
+                       "make archives with `attn-course submit`")
+    if info.file_size > MAX_FILE:
+        raise Rejected(f"{_show(name)} is larger than {MAX_FILE // 2**20} MB")
+    if info.file_size > 2**16 and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+        raise Rejected(f"{_show(name)} is compressed more than {MAX_RATIO} times (a zip bomb?)")
+
+
+def _member_bytes(data: bytes, info: zipfile.ZipInfo) -> bytes:
+    """The content of one member, read from the local header on; sizes and CRC must be exact."""
+    name = _show(info.filename)
+    off = info.header_offset
+    header = data[off: off + _LOCAL_HEADER.size]
+    if off < 0 or len(header) < _LOCAL_HEADER.size:
+        raise Rejected(f"{name} cannot be read (truncated archive)")
+    fields = _LOCAL_HEADER.unpack(header)
+    if fields[0] != b"PK\x03\x04":
+        raise Rejected(f"{name} cannot be read (bad local header)")
+    name_len, extra_len = fields[-2], fields[-1]
+    start = off + _LOCAL_HEADER.size
+    local_name = data[start: start + name_len]
+    if local_name != info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437"):
+        raise Rejected(f"{name} has a different name in its local header")
+    start += name_len + extra_len
+    raw = data[start: start + info.compress_size]
+    if len(raw) < info.compress_size:
+        raise Rejected(f"{name} cannot be read (truncated archive)")
+    if info.compress_type == zipfile.ZIP_STORED:
+        content = raw
+        if len(content) != info.file_size:
+            raise Rejected(f"{name}: its real size differs from the size declared in the archive")
+    else:
+        d = zlib.decompressobj(-15)
+        try:
+            content = d.decompress(raw, info.file_size + 1)
+        except zlib.error:
+            raise Rejected(f"{name} cannot be read (corrupt compressed data)") from None
+        if len(content) > info.file_size:
+            raise Rejected(f"{name}: its real size exceeds the size declared in the archive")
+        if not d.eof or len(content) != info.file_size:
+            raise Rejected(f"{name} cannot be read (truncated or corrupt compressed data)")
+    if zlib.crc32(content) != info.CRC:
+        raise Rejected(f"{name} cannot be read (CRC error: the archive is damaged)")
+    return content
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise Rejected(f"manifest: the field {_show(k)} appears twice")
+        out[k] = v
+    return out
+
+
+def _no_constants(name: str) -> object:
+    raise Rejected(f"manifest: {name} is not allowed in JSON")
+
+
+def parse_manifest(raw: bytes, assignment: str = ASSIGNMENT) -> dict:
+    """``manifest.json`` checked against :data:`MANIFEST_FIELDS`, or :class:`Rejected`."""
+    if len(raw) > MAX_MANIFEST:
+        raise Rejected(f"manifest.json is larger than {MAX_MANIFEST // 2**10} KB")
     try:
-        z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as err:
-        raise Rejected(f"not a readable zip archive ({err})") from None
+        manifest = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
+                              parse_constant=_no_constants)
+    except RecursionError:
+        raise Rejected("manifest.json is nested too deeply") from None
+    except UnicodeDecodeError:
+        raise Rejected("manifest.json is not UTF-8 text") from None
+    except ValueError as err:
+        if isinstance(err, Rejected):
+            raise
+        raise Rejected("manifest.json is not valid JSON") from None
+    if type(manifest) is not dict:
+        raise Rejected(f"manifest.json is not an object (it is a {type(manifest).__name__})")
+    for key in manifest:
+        if key not in MANIFEST_FIELDS:
+            raise Rejected(f"manifest: unexpected field {_show(key)}")
+    for key, (kind, longest, required) in MANIFEST_FIELDS.items():
+        if key not in manifest:
+            if required:
+                raise Rejected(f"manifest: missing field {key!r}")
+            continue
+        value = manifest[key]
+        if type(value) is not kind:
+            raise Rejected(f"manifest: {key!r} must be {kind.__name__}, not {type(value).__name__}")
+        if longest and len(value) > longest:
+            raise Rejected(f"manifest: {key!r} is longer than {longest}")
+    if manifest["format"] != FORMAT:
+        raise Rejected(f"manifest: format {manifest['format']} is not supported (this grader reads {FORMAT})")
+    if not valid_student_id(manifest["student_id"]):
+        raise Rejected(f"manifest: invalid student id {_show(manifest['student_id'])}")
+    if manifest["assignment"] != assignment:
+        raise Rejected(f"manifest: this archive is for assignment {_show(manifest['assignment'])}, "
+                       f"not {assignment!r}")
+    for name, digest in manifest["files"].items():
+        if name == "manifest.json" or not ALLOWED.fullmatch(name):
+            raise Rejected(f"manifest: 'files' lists an unexpected path {_show(name)}")
+        if type(digest) is not str or not SHA256_HEX.fullmatch(digest):
+            raise Rejected(f"manifest: 'files' must map each path to its SHA-256 (64 lower-case hex digits), "
+                           f"not {_show(digest, 40)}")
+    for item in manifest.get("exercises", []):
+        if type(item) is not str or len(item) > 32:
+            raise Rejected("manifest: 'exercises' must be a list of exercise ids")
+    return manifest
+
+
+def read_submission(path: Path, assignment: str = ASSIGNMENT) -> Submission:
+    """The verified contents of an archive, or :class:`Rejected` (never any other exception)."""
+    try:
+        return _read_submission(Path(path), assignment)
+    except Rejected:
+        raise
+    except Exception as err:  # anything unforeseen is this archive's problem, not the batch's
+        raise Rejected(f"unreadable archive: {type(err).__name__}") from None
+
+
+def _check_entry_count(data: bytes) -> None:
+    """Rejects an archive whose end record announces too many entries, before they are parsed."""
+    end_record = getattr(zipfile, "_EndRecData", None)
+    if end_record is None:
+        return
+    try:
+        rec = end_record(io.BytesIO(data))
+    except (OSError, ValueError, struct.error, EOFError):
+        return  # zipfile will say what is wrong
+    if rec and rec[zipfile._ECD_ENTRIES_TOTAL] > MAX_MEMBERS + 64:
+        raise Rejected(f"{rec[zipfile._ECD_ENTRIES_TOTAL]} entries in the archive (at most {MAX_MEMBERS})")
+
+
+def _read_submission(path: Path, assignment: str) -> Submission:
+    data = _archive_bytes(path)
+    sub = Submission(path, hashlib.sha256(data).hexdigest())
+    _check_entry_count(data)
+    try:
+        z = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as err:
+        raise Rejected(f"not a readable zip archive ({_why(err)})") from None
     with z:
         infos = z.infolist()
-        if len(infos) > MAX_MEMBERS:
-            raise Rejected(f"{len(infos)} files in the archive (at most {MAX_MEMBERS})")
-        names = set()
-        total = 0
-        for info in infos:
-            name = info.filename
-            p = PurePosixPath(name)
-            if name.startswith("/") or "\\" in name or ".." in p.parts or ":" in name:
-                raise Rejected(f"unsafe path in the archive: {name!r}")
-            mode = info.external_attr >> 16
-            if stat.S_ISLNK(mode):
-                raise Rejected(f"{name} is a link; only plain files are accepted")
-            if info.is_dir():
-                continue
-            if name in names:
-                raise Rejected(f"{name} appears twice in the archive")
-            names.add(name)
-            if name != "manifest.json" and not ALLOWED.match(name):
-                raise Rejected(f"unexpected file {name!r} (only attn_tensors/*.py, notebooks/*.ipynb, manifest.json)")
-            total += info.file_size
-            if total > MAX_TOTAL:
-                raise Rejected(f"the archive unpacks to more than {MAX_TOTAL // 2**20} MB")
-        if "manifest.json" not in names:
-            raise Rejected("no manifest.json (make archives with `attn-course submit`)")
-        try:
-            files = {i.filename: _read_member(z, i) for i in infos if not i.is_dir()}
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
-            raise Rejected(f"a file in the archive cannot be read ({err})") from None
-    try:
-        manifest = json.loads(files.pop("manifest.json"))
-    except (ValueError, UnicodeDecodeError):
-        raise Rejected("manifest.json is not valid JSON") from None
-    if not isinstance(manifest, dict):
-        raise Rejected("manifest.json is not an object")
-    student = manifest.get("student_id")
-    if not isinstance(student, str) or not STUDENT_ID.match(student):
-        raise Rejected(f"manifest: invalid student id {student!r}")
-    if manifest.get("assignment") != assignment:
-        raise Rejected(f"manifest: this archive is for assignment {manifest.get('assignment')!r}, not {assignment!r}")
-    listed = manifest.get("files")
-    if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
-        raise Rejected("manifest: 'files' must map each path to its SHA-256")
+    if len(infos) > MAX_MEMBERS + 64:
+        raise Rejected(f"{len(infos)} entries in the archive (at most {MAX_MEMBERS})")
+    names: set[str] = set()
+    folded: set[str] = set()
+    members = []
+    total = 0
+    for info in infos:
+        _check_member(info)
+        if info.is_dir():
+            continue
+        name = info.filename
+        if name in names or name.lower() in folded:
+            raise Rejected(f"{_show(name)} appears twice in the archive")
+        names.add(name)
+        folded.add(name.lower())
+        if name != "manifest.json" and not ALLOWED.fullmatch(name):
+            raise Rejected(f"unexpected file {_show(name)} (only attn_tensors/*.py, notebooks/*.ipynb, manifest.json)")
+        if name == "manifest.json" and info.file_size > MAX_MANIFEST:
+            raise Rejected(f"manifest.json is larger than {MAX_MANIFEST // 2**10} KB")
+        total += info.file_size
+        if total > MAX_TOTAL:
+            raise Rejected(f"the archive unpacks to more than {MAX_TOTAL // 2**20} MB")
+        members.append(info)
+    if len(members) > MAX_MEMBERS:
+        raise Rejected(f"{len(members)} files in the archive (at most {MAX_MEMBERS})")
+    if "manifest.json" not in names:
+        raise Rejected("no manifest.json (make archives with `attn-course submit`)")
+    files = {info.filename: _member_bytes(data, info) for info in members}
+    manifest = parse_manifest(files.pop("manifest.json"), assignment)
+    listed = manifest["files"]
     if set(listed) != set(files):
         extra, missing = sorted(set(files) - set(listed)), sorted(set(listed) - set(files))
-        raise Rejected(f"manifest does not match the archive (unlisted: {extra[:3]}, missing: {missing[:3]})")
-    for name, data in files.items():
-        if hashlib.sha256(data).hexdigest() != listed[name]:
+        raise Rejected(f"manifest does not match the archive (unlisted: {_show(extra[:3])}, "
+                       f"missing: {_show(missing[:3])})")
+    for name, content in files.items():
+        if hashlib.sha256(content).hexdigest() != listed[name]:
             raise Rejected(f"manifest: the hash of {name} does not match its content (tampered archive)")
-    sub.student_id, sub.manifest, sub.files = student, manifest, files
+    sub.student_id, sub.manifest, sub.files = manifest["student_id"], manifest, files
+    sub.token = manifest.get("token")
     return sub
 
 
@@ -141,11 +352,13 @@ def unpack(sub: Submission, stub_library: Path, dest: Path) -> Path:
 
 
 def build_archive(path: Path, student_id: str, files: dict[str, bytes], assignment: str = ASSIGNMENT,
-                  submitted: str = "2026-11-21T00:00:00+00:00") -> Path:
-    """An archive as `attn-course submit` makes it (for tests and benchmarks)."""
+                  submitted: str = "2026-11-21T00:00:00+00:00", token: str | None = None) -> Path:
+    """An archive as `attn-course submit` makes it (for tests and benchmarks), with ``token`` if given."""
     manifest = {"format": 1, "student_id": student_id, "assignment": assignment,
                 "library_version": "0.1.0", "submitted": submitted,
                 "files": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
+    if token is not None:
+        manifest["token"] = token
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1))
         for n, d in files.items():

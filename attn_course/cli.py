@@ -2,7 +2,9 @@
 
 Students::
 
-    attn-course workspace DIR --student ID   a new workspace (stubbed library, notebooks, tests)
+    attn-course workspace DIR --student ID [--token TOKEN]
+                                             a new workspace (stubbed library, notebooks, tests)
+    attn-course workspace --set-token TOKEN  store the token your instructor gave you
     attn-course check [3.1 | 3 | all]        public cases of an exercise, a chapter or all
     attn-course submit                       a submission archive with its manifest
     attn-course list                         the exercises, their points and book sections
@@ -12,6 +14,9 @@ Instructors::
     attn-course release [--check]            write (or verify) exercises/ and solutions/
     attn-course validate [SPEC]              reference passes, stub fails, every exercise
     attn-course grade DIR --out GRADING      grade a folder of submission archives
+    attn-course roster ROSTER.csv --out TOKENS.csv
+                                             one token per student (ATTN_COURSE_SECRET)
+    attn-course token ID                     re-issue one student's token
 """
 
 from __future__ import annotations
@@ -30,8 +35,21 @@ def _workspace(args) -> Path:
 def cmd_workspace(args) -> int:
     from . import workspace
 
-    dest = workspace.create(Path(args.dir), args.student)
+    if args.set_token is not None:
+        if args.student or args.token:
+            raise workspace.WorkspaceError("--set-token changes an existing workspace: "
+                                           "give it alone (with DIR or from inside the workspace)")
+        ws = workspace.find(Path(args.dir) if args.dir else None)
+        token = workspace.set_token(ws, args.set_token)
+        print(f"Stored token {token} in {ws / 'course.json'}; your next submission carries it.")
+        return 0
+    if not args.dir or not args.student:
+        raise workspace.WorkspaceError("a new workspace needs DIR and --student ID "
+                                       "(or use --set-token TOKEN in an existing one)")
+    dest = workspace.create(Path(args.dir), args.student, args.token)
     print(f"Created workspace {dest} for {args.student}.")
+    if not args.token:
+        print("No token yet: when your instructor gives you one, run `attn-course workspace --set-token TOKEN` here.")
     print(f"Next: cd {dest} && attn-course check all")
     return 0
 
@@ -57,6 +75,10 @@ def cmd_submit(args) -> int:
     ws = _workspace(args)
     out = workspace.submit(ws, Path(args.out) if args.out else None)
     print(f"Wrote {out}")
+    if not workspace.meta(ws).get("token"):
+        print("attn-course: warning: this archive has no token; a grader with the course roster rejects it. "
+              "Store the token your instructor gave you (`attn-course workspace --set-token TOKEN`) "
+              "and submit again.", file=sys.stderr)
     return 0
 
 
@@ -98,13 +120,62 @@ def cmd_grade(args) -> int:
     return main_grade(args)
 
 
+def _identity_errors(cmd):
+    """``cmd`` with identity errors (no secret, a bad roster) reported as usage errors."""
+    def run(args) -> int:
+        from .identity import IdentityError
+
+        try:
+            return cmd(args)
+        except IdentityError as err:
+            print(f"attn-course: {err}", file=sys.stderr)
+            return 2
+    return run
+
+
+@_identity_errors
+def cmd_roster(args) -> int:
+    from .identity import CI_SECRET, course_secret, load_roster, write_tokens
+
+    roster = load_roster(Path(args.roster))
+    secret = course_secret(allow_ci=args.ci_secret)
+    out = write_tokens(roster, secret, Path(args.out), force=args.force)
+    print(f"Wrote {len(roster)} tokens to {out} (readable by you only).")
+    print("Give each student their own token; they store it with `attn-course workspace --set-token TOKEN`.")
+    print("Grade with the same ATTN_COURSE_SECRET and the roster, so archives without a valid token are refused.")
+    if secret == CI_SECRET:
+        print("attn-course: warning: these tokens use the public CI secret; anyone can forge them.", file=sys.stderr)
+    return 0
+
+
+@_identity_errors
+def cmd_token(args) -> int:
+    from .identity import CI_SECRET, IdentityError, course_secret, load_roster, token_for, valid_student_id
+
+    if not valid_student_id(args.student):
+        raise IdentityError(f"invalid student id {args.student!r:.80}")
+    if args.roster and args.student not in load_roster(Path(args.roster)):
+        raise IdentityError(f"{args.student} is not on the roster {args.roster}")
+    secret = course_secret(allow_ci=args.ci_secret)
+    print(token_for(args.student, secret))
+    if secret == CI_SECRET:
+        print("attn-course: warning: this token uses the public CI secret; anyone can forge it.", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("workspace", help="create a student workspace")
-    w.add_argument("dir")
-    w.add_argument("--student", required=True, help="your student id")
+    w = sub.add_parser("workspace", help="create a student workspace, or store your token in one",
+                       description="Create a workspace: `attn-course workspace DIR --student ID [--token TOKEN]`. "
+                                   "Store the token your instructor gave you in an existing workspace: "
+                                   "`attn-course workspace --set-token TOKEN` inside it (or give its DIR).")
+    w.add_argument("dir", nargs="?", help="the new workspace (or, with --set-token, an existing one)")
+    w.add_argument("--student", help="your student id (to create a workspace)")
+    w.add_argument("--token", help="the token your instructor gave you (it goes into every submission)")
+    w.add_argument("--set-token", metavar="TOKEN",
+                   help="store TOKEN in an existing workspace (the one you are in, or DIR)")
     w.set_defaults(func=cmd_workspace)
     c = sub.add_parser("check", help="check exercises on their public cases")
     c.add_argument("spec", nargs="?", default="all", help="3.1, a chapter (3 or ch03), or all")
@@ -147,6 +218,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the nbgrader gradebook to write (default with --notebooks: "
                         "sqlite:///GRADING/nbgrader/gradebook.db)")
     g.set_defaults(func=cmd_grade)
+    ro = sub.add_parser("roster", help="(instructors) issue one token per student of a roster",
+                        description="Write student_id,token for every student of ROSTER.csv (a CSV with a "
+                                    "student_id column). Tokens are an HMAC of the id under ATTN_COURSE_SECRET.")
+    ro.add_argument("roster", help="CSV with a student_id column (and optionally name)")
+    ro.add_argument("--out", required=True, help="where to write student_id,token (kept if it exists)")
+    ro.add_argument("--force", action="store_true", help="replace an existing --out file")
+    ro.add_argument("--ci-secret", action="store_true",
+                    help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: forgeable)")
+    ro.set_defaults(func=cmd_roster)
+    t = sub.add_parser("token", help="(instructors) re-issue one student's token",
+                       description="Print the token of student ID (the same token `roster` issued).")
+    t.add_argument("student", metavar="ID")
+    t.add_argument("--roster", help="refuse an ID that is not on this roster")
+    t.add_argument("--ci-secret", action="store_true",
+                   help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: forgeable)")
+    t.set_defaults(func=cmd_token)
     return p
 
 

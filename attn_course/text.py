@@ -1,35 +1,140 @@
-"""Text that a submission controls, made safe for a file or a terminal (placeholder; see helper)."""
+"""Text that a submission controls, made safe for where it goes.
+
+Anything an archive decides (a member name, a manifest field, a message or
+a key from a worker) may reach the instructor's terminal, a Markdown
+report, a student's feedback or a CSV gradebook.  Each destination has
+one function here, and each caps the length first, so a 10 MB string
+costs no more than a short one:
+
+``plain(s, limit)``          control characters, ANSI/OSC escapes, bidi
+                             overrides and surrogates removed; ``\\n`` kept
+                             only with ``newlines=True``
+``terminal(s, limit)``       one line for a progress display
+``md_inline(s, limit)``      one line inside Markdown (MyST): every
+                             metacharacter escaped, no list/heading start
+``md_code_block(s, limit)``  a fenced block no content can close
+``csv_cell(s, limit)``       a cell a spreadsheet shows and never runs
+
+The output of ``plain``/``terminal``/``csv_cell`` has at most ``limit``
+characters (``md_inline`` adds at most one backslash per character,
+``md_code_block`` its fences); a cut is marked with :data:`CUT`.
+"""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+CUT = "[...]"
+"""Marks text cut at its limit."""
 
+# Escape sequences are removed whole, so no "[2J" or "]8;;http://..." is left behind:
+# CSI (ESC [ ... final, or the 8-bit C1 CSI), OSC/DCS/SOS/PM/APC strings up to
+# BEL or ST (or the end of the text), then any other two-character ESC sequence.
+_ESCAPES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]?"
+)
+# Characters that move the cursor, hide text or reorder it; all of Cc (controls),
+# Cf (format: bidi embeddings/overrides/isolates, zero-width, BOM), Cs (lone
+# surrogates), plus the line/paragraph separators that some viewers break on.
+_DROP_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+_SPACE = frozenset("\t\r\x0b\x0c\u2028\u2029\x85")
 
-def plain(s: str, limit: int = 400, newlines: bool = False) -> str:
-    s = str(s)
-    if not newlines:
-        s = s.replace("\n", " ")
-    s = _CONTROL.sub("", s.replace("\r", ""))
-    return s if len(s) <= limit else s[: max(0, limit - 1)] + "…"
-
-
-def terminal(s: str, limit: int = 200) -> str:
-    return plain(s, limit)
-
-
-def md_inline(s: str, limit: int = 400) -> str:
-    s = plain(s, limit)
-    return re.sub(r"([\\`*_\[\]()#<>|!~{}+-])", r"\\\1", s)
-
-
-def md_code_block(s: str, limit: int = 4000) -> str:
-    s = plain(s, limit, newlines=True)
-    fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", s)), default=0) + 1)
-    return f"{fence}text\n{s}\n{fence}"
+# CommonMark lets any ASCII punctuation be backslash-escaped and shows it as is;
+# escaping all of it also stops MyST roles, substitutions, math and autolinks.
+_MD_META = re.compile(r"([!-/:-@\[-`{-~])")
+_CSV_FORMULA = tuple("=+-@\t\r") + ("\uff1d", "\uff0b", "\uff0d", "\uff20")
 
 
-def csv_cell(s: str) -> str:
-    s = plain(s, 200)
-    return "'" + s if s[:1] in ("=", "+", "-", "@", "\t", "\r") else s
+def _text(s: object) -> str:
+    if isinstance(s, str):
+        return s
+    try:
+        return str(s)
+    except Exception:  # a hostile __str__: show the type only
+        return f"<{type(s).__name__}>"
+
+
+def _check_limit(limit: int) -> None:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= len(CUT):
+        raise ValueError(f"limit must be an int above {len(CUT)}, not {limit!r}")
+
+
+def plain(s: object, limit: int = 200, *, newlines: bool = False) -> str:
+    """``s`` with every control character removed, capped at ``limit`` characters.
+
+    ANSI CSI and OSC sequences (colours, clear screen, hyperlinks, window
+    titles) go as a whole; tabs, ``\\r`` and other separators become spaces;
+    ``\\n`` stays only when ``newlines`` (else it becomes a space too); bidi
+    overrides and isolates (U+202A-202E, U+2066-2069), zero-width characters
+    and lone surrogates are removed.  A text longer than ``limit`` ends with
+    :data:`CUT`, and the result never exceeds ``limit`` characters.
+    """
+    _check_limit(limit)
+    s = _text(s)
+    # Only a bounded prefix is looked at: what is stripped can only shorten it.
+    window = 8 * limit + 256
+    cut = len(s) > window
+    s = _ESCAPES.sub("", s[:window]).replace("\r\n", "\n")
+    out = []
+    for ch in s:
+        if ch == "\n":
+            out.append("\n" if newlines else " ")
+        elif ch in _SPACE:
+            out.append(" ")
+        elif ch == " " or unicodedata.category(ch) not in _DROP_CATEGORIES:
+            out.append(ch)
+    text = "".join(out)
+    if cut or len(text) > limit:
+        text = text[: limit - len(CUT)] + CUT
+    return text
+
+
+def terminal(s: object, limit: int = 120) -> str:
+    """One line of ``s`` for a terminal (progress lines, logs): :func:`plain` without newlines."""
+    return plain(s, limit, newlines=False)
+
+
+def md_inline(s: object, limit: int = 200) -> str:
+    """``s`` as literal text inside one line of Markdown (MyST), capped at ``limit``.
+
+    Every ASCII punctuation character is backslash-escaped, so no Markdown,
+    MyST or HTML construct can start (no emphasis, link, image, heading,
+    table cell, role, substitution, math, HTML tag, entity or autolink);
+    newlines become spaces and leading spaces go, so no block can start
+    either (no indented code; a leading ``-``, ``+`` or ``1.`` is escaped
+    like every other ``-+.``).
+    """
+    return _MD_META.sub(r"\\\1", plain(s, limit, newlines=False).strip(" "))
+
+
+def md_code_block(s: object, limit: int = 4000, lang: str = "") -> str:
+    """``s`` inside a fenced code block that its content cannot close.
+
+    The fence is one backtick longer than the longest run of backticks in
+    the text (at least three); the info string ``lang`` keeps only
+    ``[A-Za-z0-9_+-]``.  The result ends with the closing fence and no
+    newline.
+    """
+    body = plain(s, limit, newlines=True)
+    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    lang = re.sub(r"[^A-Za-z0-9_+-]", "", lang)[:20]
+    return f"{fence}{lang}\n{body}\n{fence}"
+
+
+def csv_cell(s: object, limit: int = 1000) -> str:
+    """A text cell that a spreadsheet displays and never evaluates.
+
+    Control characters are removed (:func:`plain`, one line), and a cell
+    that would start a formula (``= + - @``, tab, carriage return, or their
+    full-width forms, also after leading spaces) gets a leading ``'`` as
+    OWASP recommends.  Only for text: write numbers as numbers.
+    """
+    _check_limit(limit - 1)
+    text = plain(s, limit - 1, newlines=False)
+    if text.lstrip(" ").startswith(_CSV_FORMULA):
+        text = "'" + text
+    return text

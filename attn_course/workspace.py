@@ -7,12 +7,18 @@
     DIR/tests/               public tests: `pytest -m ex3_1` in DIR
     DIR/.course/cases/       the public cases (inputs and expected values)
     DIR/.course/progress.json  which exercises passed their public cases
-    DIR/course.json          student id, assignment, versions
+    DIR/course.json          student id, token, assignment, versions
 
 and never writes into a folder that already has files.  ``attn-course
 submit`` packs ``attn_tensors/`` and ``notebooks/`` with a manifest (student
 id, assignment, SHA-256 of every file, library version) into a new archive
 under ``DIR/submissions/``; an existing archive is never overwritten.
+
+The student's token (issued by the instructor from the roster, see
+:mod:`attn_course.identity`) is kept in ``course.json``: given when the
+workspace is made (``--token``) or later (``attn-course workspace
+--set-token TOKEN``), and put into every manifest, where the grader checks
+it against the student id.
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ import zipfile
 from pathlib import Path
 
 from . import EXERCISES, RELEASE_LIBRARY
+from .identity import STUDENT_ID, IdentityError, format_token, valid_student_id
 from .registry import CHAPTERS, all_exercises
 
 ASSIGNMENT = "attn-tensors-library"
 FORMAT = 1
-STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class WorkspaceError(RuntimeError):
@@ -45,9 +51,9 @@ def library_version() -> str:
 
 
 def check_student_id(student: str) -> str:
-    if not STUDENT_ID.match(student or ""):
+    if not valid_student_id(student):
         raise WorkspaceError(
-            f"student id {student!r} must be 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit)"
+            f"student id {student!r:.80} must be 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit)"
         )
     return student
 
@@ -108,9 +114,18 @@ Student: {student}
 """
 
 
-def create(dest: Path, student: str) -> Path:
-    """A new workspace in ``dest`` (which must be missing or empty)."""
+def check_token(token: str) -> str:
+    """``token`` in its printed form (``ABCDE-FGHIJ-KLMNO-PQRST``), or :class:`WorkspaceError`."""
+    try:
+        return format_token(token)
+    except IdentityError as err:
+        raise WorkspaceError(str(err)) from None
+
+
+def create(dest: Path, student: str, token: str | None = None) -> Path:
+    """A new workspace in ``dest`` (which must be missing or empty), with the student's token if given."""
     check_student_id(student)
+    token = check_token(token) if token else None
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise WorkspaceError(f"{dest} already has files; choose a new folder (nothing was changed)")
@@ -135,8 +150,22 @@ def create(dest: Path, student: str) -> Path:
     meta = {"format": FORMAT, "student_id": student, "assignment": ASSIGNMENT,
             "library_version": library_version(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    if token:
+        meta["token"] = token
     (dest / "course.json").write_text(json.dumps(meta, indent=1) + "\n")
     return dest
+
+
+def set_token(workspace: Path, token: str) -> str:
+    """Store ``token`` in the workspace's ``course.json`` (replacing any); returns it as stored."""
+    token = check_token(token)
+    path = Path(workspace) / "course.json"
+    info = meta(workspace)
+    info["token"] = token
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=1) + "\n")
+    os.replace(tmp, path)
+    return token
 
 
 def find(start: Path | None = None) -> Path:
@@ -152,7 +181,13 @@ def find(start: Path | None = None) -> Path:
 
 
 def meta(workspace: Path) -> dict:
-    return json.loads((Path(workspace) / "course.json").read_text())
+    try:
+        info = json.loads((Path(workspace) / "course.json").read_text())
+    except (OSError, ValueError) as err:
+        raise WorkspaceError(f"{Path(workspace) / 'course.json'} cannot be read ({err})") from None
+    if not isinstance(info, dict):
+        raise WorkspaceError(f"{Path(workspace) / 'course.json'} is not a JSON object")
+    return info
 
 
 def record_progress(workspace: Path, results) -> set[str]:
@@ -179,7 +214,11 @@ def submission_files(workspace: Path) -> list[Path]:
 
 
 def submit(workspace: Path, out: Path | None = None) -> Path:
-    """A new submission archive (zip) with ``manifest.json``; returns its path."""
+    """A new submission archive (zip) with ``manifest.json``; returns its path.
+
+    The manifest carries the workspace's token if it has one (see
+    :func:`set_token`); without one the archive is still made.
+    """
     ws = Path(workspace)
     info = meta(ws)
     student = check_student_id(info.get("student_id", ""))
@@ -204,6 +243,9 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
         "submitted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "files": {str(p): sha256(ws / p) for p in files},
     }
+    token = info.get("token")
+    if token:
+        manifest["token"] = check_token(token)
     tmp = out.with_name(out.name + ".part")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1) + "\n")

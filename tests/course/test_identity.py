@@ -1,0 +1,344 @@
+"""Identity a classmate cannot forge: roster, tokens, workspace and CLI.
+
+A token is HMAC-SHA256 of the student id under the course secret; the
+expected tokens here are computed with :mod:`hmac` directly from that
+definition, not by calling the function under test.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import hmac
+import json
+import re
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from attn_course import cli, identity, workspace
+from attn_course.archive import read_submission
+from attn_course.identity import (CI_SECRET, IdentityError, IdentityVerdict, Roster, RosterError, SecretMissing,
+                                  check_identity, course_secret, load_roster, token_for, verify_token)
+
+SECRET = "course-secret-for-tests"
+TOKEN_FORM = re.compile(r"[A-Z2-7]{5}(-[A-Z2-7]{5}){3}")
+
+
+def expected_token(student_id: str, secret: str) -> str:
+    """The definition: 100 bits of HMAC-SHA256(secret, label || id), base32, in groups of five."""
+    mac = hmac.new(secret.encode(), b"attn-course student token v1\x00" + student_id.encode(), hashlib.sha256)
+    raw = base64.b32encode(mac.digest()).decode()[:20]
+    return "-".join(raw[i:i + 5] for i in range(0, 20, 5))
+
+
+# -- tokens --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sid", ["s1234567", "a", "Z9", "x.y_z-1", "A" * 64])
+def test_token_is_the_hmac_of_the_id(sid):
+    t = token_for(sid, SECRET)
+    assert t == expected_token(sid, SECRET)
+    assert TOKEN_FORM.fullmatch(t)
+    assert token_for(sid, SECRET) == t  # re-issuing gives the same token
+
+
+def test_tokens_differ_between_students_and_between_secrets():
+    ids = [f"s{k:07d}" for k in range(2000)]
+    tokens = {token_for(s, SECRET) for s in ids}
+    assert len(tokens) == len(ids)
+    assert all(token_for(s, SECRET) != token_for(s, SECRET + "x") for s in ids[:50])
+
+
+def test_a_classmates_token_does_not_verify_for_another_id():
+    mine = token_for("alice", SECRET)
+    assert verify_token("alice", mine, SECRET)
+    assert not verify_token("bob", mine, SECRET)
+    assert not verify_token("alice", mine, "another-course")
+    assert not verify_token("alice", token_for("alice", CI_SECRET), SECRET)
+
+
+def test_verify_token_tolerates_what_a_student_types():
+    t = token_for("s1234567", SECRET)
+    raw = t.replace("-", "")
+    for typed in (t.lower(), raw, raw.lower(), f"  {t}  ", " ".join(t.split("-")), raw[:10] + "-" + raw[10:]):
+        assert verify_token("s1234567", typed, SECRET), typed
+    # base32 has no 0, 1 or 8: a student who types them for O, I or B still gets in
+    sid = next(s for s in (f"s{k}" for k in range(1000)) if set("OIB") & set(token_for(s, SECRET)))
+    typed = token_for(sid, SECRET).replace("O", "0").replace("I", "1").replace("B", "8")
+    assert verify_token(sid, typed, SECRET)
+
+
+@pytest.mark.parametrize("token", [None, "", 12345, ["AAAAA"], b"AAAAA-AAAAA-AAAAA-AAAAA", "A" * 19, "A" * 21,
+                                   "AAAAA-AAAAA-AAAAA-AAAA9", "ÀAAAA-AAAAA-AAAAA-AAAAA", "\ud800" * 20,
+                                   "A" * 10_000, "AAAAA-AAAAA-AAAAA-AAAAA\n" * 3])
+def test_malformed_tokens_are_refused_without_an_exception(token):
+    assert verify_token("s1", token, SECRET) is False
+    assert check_identity("s1", token, None, SECRET) in (IdentityVerdict.BAD_TOKEN, IdentityVerdict.OK)
+    if token:
+        assert check_identity("s1", token, None, SECRET) is IdentityVerdict.BAD_TOKEN
+
+
+@pytest.mark.parametrize("sid", ["s1\n", "", "../x", "-s1", "a" * 65, "s 1", "s1\x00", "é1", None, ["s1"], 7])
+def test_invalid_ids_get_no_token_and_never_verify(sid):
+    with pytest.raises(IdentityError):
+        token_for(sid, SECRET)
+    if isinstance(sid, str) and sid.endswith("\n"):
+        assert not verify_token(sid, token_for(sid[:-1], SECRET), SECRET)
+    assert verify_token(sid, "AAAAA-AAAAA-AAAAA-AAAAA", SECRET) is False
+
+
+def test_an_empty_secret_is_refused():
+    with pytest.raises(SecretMissing):
+        token_for("s1", "")
+    assert not verify_token("s1", expected_token("s1", "x"), "")
+
+
+def test_course_secret_needs_the_variable_or_an_explicit_ci_request(monkeypatch):
+    monkeypatch.delenv("ATTN_COURSE_SECRET", raising=False)
+    with pytest.raises(SecretMissing, match="ATTN_COURSE_SECRET"):
+        course_secret()
+    assert course_secret(allow_ci=True) == CI_SECRET
+    monkeypatch.setenv("ATTN_COURSE_SECRET", "")
+    with pytest.raises(SecretMissing):
+        course_secret()
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    assert course_secret() == SECRET and course_secret(allow_ci=True) == SECRET
+
+
+def test_secret_fingerprint_tells_secrets_apart_without_revealing_them():
+    a, b = identity.secret_fingerprint(SECRET), identity.secret_fingerprint(SECRET + "!")
+    assert a != b and re.fullmatch(r"[0-9a-f]{16}", a) and SECRET not in a
+    assert identity.secret_fingerprint(SECRET) == a
+
+
+# -- roster --------------------------------------------------------------------------------
+
+def _write(path: Path, text: str, encoding: str = "utf-8") -> Path:
+    path.write_text(text, encoding=encoding)
+    return path
+
+
+def test_roster_reads_ids_and_names_in_order(tmp_path):
+    p = _write(tmp_path / "r.csv", "\ufeffName,Student_ID,email\nAlice, s1 ,a@x\n\n,,\nBob,s2,b@x\nCarol,S3,\n")
+    r = load_roster(p)
+    assert r.ids == ("s1", "s2", "S3")
+    assert r.name("s2") == "Bob" and list(r) == ["s1", "s2", "S3"] and len(r) == 3
+    assert "s1" in r and "s3" not in r and ["s1"] not in r and None not in r
+
+
+def test_roster_without_names(tmp_path):
+    r = load_roster(_write(tmp_path / "r.csv", "student_id\ns1\ns2\n"))
+    assert r == Roster(("s1", "s2")) and r.name("s1") == ""
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("id,name\ns1,A\n", ":1:", "no 'student_id' column"),
+    ("", ":1:", "no 'student_id' column"),
+    ("student_id\ns1\ns 2\n", ":3:", "invalid student id"),
+    ("student_id\ns1\n\"s\n2\"\n", ":4:", "invalid student id"),
+    ("student_id\ns1\n../etc\n", ":3:", "invalid student id"),
+    ("student_id,name\ns1,A\ns2,B\ns1,C\n", ":4:", "already on line 2"),
+    ("student_id\nAbc\nabc\n", ":3:", "already on line 2"),
+    ("student_id\n\n", "", "no students"),
+])
+def test_bad_rosters_name_the_line(tmp_path, text, where, words):
+    p = _write(tmp_path / "roster.csv", text)
+    with pytest.raises(RosterError) as err:
+        load_roster(p)
+    assert f"{p}{where}" in str(err.value) and words in str(err.value)
+
+
+def test_unreadable_rosters_are_clear_errors(tmp_path):
+    with pytest.raises(RosterError, match="no such roster"):
+        load_roster(tmp_path / "missing.csv")
+    with pytest.raises(RosterError, match="UTF-8"):
+        load_roster(_write(tmp_path / "latin.csv", "student_id,name\ns1,Jos\xe9\n", encoding="latin-1"))
+    with pytest.raises(RosterError, match="cannot be read"):
+        load_roster(tmp_path)
+
+
+# -- verdicts ------------------------------------------------------------------------------
+
+def test_check_identity_verdicts():
+    roster = Roster(("alice", "bob"))
+    alice, bob = token_for("alice", SECRET), token_for("bob", SECRET)
+    V = IdentityVerdict
+    assert check_identity("alice", alice, roster, SECRET) is V.OK
+    assert check_identity("alice", alice.lower().replace("-", ""), roster, SECRET) is V.OK
+    assert check_identity("alice", bob, roster, SECRET) is V.BAD_TOKEN  # submitting as a classmate
+    assert check_identity("alice", None, roster, SECRET) is V.MISSING_TOKEN
+    assert check_identity("alice", "", roster, SECRET) is V.MISSING_TOKEN
+    assert check_identity("carol", token_for("carol", SECRET), roster, SECRET) is V.UNKNOWN_STUDENT
+    assert check_identity("alice\n", alice, roster, SECRET) is V.UNKNOWN_STUDENT
+    assert check_identity(["alice"], alice, roster, SECRET) is V.UNKNOWN_STUDENT
+    assert check_identity("alice", alice, roster, "another-secret") is V.BAD_TOKEN
+    # without a roster: a token is checked when present, and needed only when asked for
+    assert check_identity("carol", None, None, SECRET) is V.OK
+    assert check_identity("carol", bob, None, SECRET) is V.BAD_TOKEN
+    assert check_identity("carol", None, None, SECRET, require_token=True) is V.MISSING_TOKEN
+    assert check_identity("alice", None, roster, SECRET, require_token=False) is V.OK
+    assert check_identity("alice\n", None, None, SECRET) is V.UNKNOWN_STUDENT
+
+
+def test_verdict_reasons_are_fixed_text():
+    for v in IdentityVerdict:
+        assert v.reason and v.reason.isascii() and v.reason.isprintable()
+        assert v.ok is (v is IdentityVerdict.OK)
+        assert IdentityVerdict(v.value) is v
+    assert {v.value for v in IdentityVerdict} == {"ok", "unknown_student", "bad_token", "missing_token"}
+
+
+# -- the instructor's commands -------------------------------------------------------------
+
+@pytest.fixture
+def no_secret(monkeypatch):
+    monkeypatch.delenv("ATTN_COURSE_SECRET", raising=False)
+
+
+def _csv_rows(path: Path) -> list[list[str]]:
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_roster_command_writes_each_students_token(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    roster = _write(tmp_path / "roster.csv", 'student_id,name\ns1,Alice\ns2,"=HYPERLINK(""http://x"")"\n')
+    out = tmp_path / "tokens.csv"
+    assert cli.main(["roster", str(roster), "--out", str(out)]) == 0
+    rows = _csv_rows(out)
+    assert rows[0] == ["student_id", "token", "name"]
+    assert rows[1] == ["s1", expected_token("s1", SECRET), "Alice"]
+    assert rows[2][:2] == ["s2", expected_token("s2", SECRET)] and rows[2][2].startswith("'=")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert "Wrote 2 tokens" in capsys.readouterr().out
+
+
+def test_roster_command_keeps_an_existing_file_unless_forced(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    roster = _write(tmp_path / "roster.csv", "student_id\ns1\n")
+    out = _write(tmp_path / "tokens.csv", "precious\n")
+    assert cli.main(["roster", str(roster), "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err and out.read_text() == "precious\n"
+    assert cli.main(["roster", str(roster), "--out", str(out), "--force"]) == 0
+    assert _csv_rows(out)[1] == ["s1", expected_token("s1", SECRET)]
+
+
+def test_instructor_commands_refuse_to_run_without_a_secret(tmp_path, no_secret, capsys):
+    roster = _write(tmp_path / "roster.csv", "student_id\ns1\n")
+    out = tmp_path / "tokens.csv"
+    assert cli.main(["roster", str(roster), "--out", str(out)]) == 2
+    assert "ATTN_COURSE_SECRET is not set" in capsys.readouterr().err and not out.exists()
+    assert cli.main(["token", "s1"]) == 2
+    err = capsys.readouterr()
+    assert "ATTN_COURSE_SECRET is not set" in err.err and err.out == ""
+    # the public CI secret only when asked for by name, with a warning
+    assert cli.main(["roster", str(roster), "--out", str(out), "--ci-secret"]) == 0
+    assert "public CI secret" in capsys.readouterr().err
+    assert _csv_rows(out)[1] == ["s1", expected_token("s1", CI_SECRET)]
+    assert cli.main(["token", "s1", "--ci-secret"]) == 0
+    assert capsys.readouterr().out.strip() == expected_token("s1", CI_SECRET)
+
+
+def test_token_command_reissues_a_lost_token(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    roster = _write(tmp_path / "roster.csv", "student_id\ns1\ns2\n")
+    assert cli.main(["token", "s2", "--roster", str(roster)]) == 0
+    assert capsys.readouterr().out.strip() == expected_token("s2", SECRET)
+    assert cli.main(["token", "s9", "--roster", str(roster)]) == 2
+    assert "not on the roster" in capsys.readouterr().err
+    assert cli.main(["token", "s1\n"]) == 2
+    assert "invalid student id" in capsys.readouterr().err
+    bad = _write(tmp_path / "bad.csv", "student_id\ns1\ns1\n")
+    assert cli.main(["roster", str(bad), "--out", str(tmp_path / "t.csv")]) == 2
+    assert f"{bad}:3:" in capsys.readouterr().err
+
+
+# -- the student's side --------------------------------------------------------------------
+
+def _manifest(archive: Path) -> dict:
+    with zipfile.ZipFile(archive) as z:
+        return json.loads(z.read("manifest.json"))
+
+
+def test_workspace_token_goes_into_every_submission(tmp_path, monkeypatch, capsys):
+    token = expected_token("s1234567", SECRET)
+    ws = tmp_path / "ws"
+    typed = token.lower().replace("-", " ")
+    assert cli.main(["workspace", str(ws), "--student", "s1234567", "--token", typed]) == 0
+    assert json.loads((ws / "course.json").read_text())["token"] == token
+    capsys.readouterr()
+    assert cli.main(["submit", "--workspace", str(ws)]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err
+    archive = Path(out.split("Wrote ", 1)[1].split("\n", 1)[0])
+    assert _manifest(archive)["token"] == token
+    sub = read_submission(archive)
+    assert sub.token == token and sub.student_id == "s1234567"
+    assert check_identity(sub.student_id, sub.token, Roster(("s1234567",)), SECRET) is IdentityVerdict.OK
+
+
+def test_workspace_without_token_submits_with_a_warning_then_sets_one(tmp_path, monkeypatch, capsys):
+    ws = tmp_path / "ws"
+    assert cli.main(["workspace", str(ws), "--student", "s7"]) == 0
+    assert "--set-token" in capsys.readouterr().out
+    assert cli.main(["submit", "--workspace", str(ws)]) == 0
+    out, err = capsys.readouterr()
+    assert "no token" in err and "roster" in err
+    first = Path(out.split("Wrote ", 1)[1].split("\n", 1)[0])
+    assert "token" not in _manifest(first)
+    assert check_identity("s7", read_submission(first).token, Roster(("s7",)), SECRET) is \
+        IdentityVerdict.MISSING_TOKEN
+
+    # later, from inside the workspace
+    monkeypatch.chdir(ws / "attn_tensors")
+    token = expected_token("s7", SECRET)
+    assert cli.main(["workspace", "--set-token", token.replace("-", "")]) == 0
+    assert json.loads((ws / "course.json").read_text())["token"] == token
+    capsys.readouterr()
+    assert cli.main(["submit"]) == 0
+    out, err = capsys.readouterr()
+    second = Path(out.split("Wrote ", 1)[1].split("\n", 1)[0])
+    assert first.exists() and second != first and "warning" not in err
+    sub = read_submission(second)
+    assert check_identity(sub.student_id, sub.token, Roster(("s7",)), SECRET) is IdentityVerdict.OK
+
+
+def test_workspace_refuses_malformed_tokens_and_mixed_options(tmp_path, capsys):
+    ws = tmp_path / "ws"
+    assert cli.main(["workspace", str(ws), "--student", "s1", "--token", "not-a-token"]) == 2
+    assert "not a course token" in capsys.readouterr().err and not ws.exists()
+    assert cli.main(["workspace", str(ws)]) == 2
+    assert "--student" in capsys.readouterr().err
+    assert cli.main(["workspace", str(ws), "--student", "s1"]) == 0
+    before = (ws / "course.json").read_text()
+    assert cli.main(["workspace", str(ws), "--set-token", "AAAA"]) == 2
+    assert cli.main(["workspace", str(ws), "--student", "s1", "--set-token", expected_token("s1", SECRET)]) == 2
+    assert (ws / "course.json").read_text() == before
+    assert cli.main(["workspace", str(tmp_path / "elsewhere"), "--set-token", expected_token("s1", SECRET)]) == 2
+    assert "not inside a workspace" in capsys.readouterr().err
+
+
+def test_a_forged_archive_is_caught(tmp_path):
+    """Bob builds an archive as Alice, with his own token or a made-up one: never OK."""
+    from attn_course.archive import build_archive
+
+    roster = Roster(("alice", "bob"))
+    files = {"attn_tensors/__init__.py": b""}
+    for name, token in [("own", token_for("bob", SECRET)), ("made_up", "ABCDE-FGHIJ-KLMNO-PQRST"),
+                        ("ci", token_for("alice", CI_SECRET)), ("none", None)]:
+        sub = read_submission(build_archive(tmp_path / f"{name}.zip", "alice", files, token=token))
+        assert not check_identity(sub.student_id, sub.token, roster, SECRET).ok, name
+    honest = read_submission(build_archive(tmp_path / "a.zip", "alice", files, token=token_for("alice", SECRET)))
+    assert check_identity(honest.student_id, honest.token, roster, SECRET).ok
+
+
+def test_student_id_pattern_refuses_a_trailing_newline():
+    """`$` matches before a final newline; the id pattern must not."""
+    assert workspace.STUDENT_ID is identity.STUDENT_ID
+    assert not identity.valid_student_id("s1\n")
+    with pytest.raises(workspace.WorkspaceError):
+        workspace.check_student_id("s1\n")
+    assert workspace.check_student_id("s1") == "s1"
