@@ -240,12 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .regions import RegionError
-    from .registry import SecretMissing
+    from .identity import IdentityError
     from .workspace import WorkspaceError
 
     try:
         return args.func(args)
-    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, SecretMissing) as err:
+    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, IdentityError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"attn-course: {msg}", file=sys.stderr)
         return 2

@@ -44,7 +44,8 @@ from pathlib import Path
 
 from . import RELEASE_LIBRARY
 from .archive import Rejected, read_submission, sha256_file, unpack
-from .registry import Exercise, fingerprint, secret, select
+from .identity import secret_fingerprint
+from .registry import Exercise, secret, select
 from .runner import package_files, reference_results, run_worker
 from .sandbox import Limits, confinement
 from .scoring import ExerciseResult, Outcome, grade, stubbed_exercises
@@ -127,7 +128,7 @@ class Grader:
                  roster=None, require_token: bool = True, notebooks: bool = False):
         self.out = Path(out)
         self.secret = secret(allow_ci=ci_secret)  # refuses before anything is written
-        self.fingerprint = fingerprint(self.secret)
+        self.fingerprint = secret_fingerprint(self.secret)
         self.out.mkdir(parents=True, exist_ok=True)
         os.chmod(self.out, 0o700)
         self.exercises: list[Exercise] = select(spec)

@@ -138,30 +138,14 @@ def select(spec: str, exercises: dict[str, Exercise] | None = None) -> list[Exer
     raise KeyError(f"no exercise or chapter {spec!r}; known exercises: {known}")
 
 
-CI_SECRET = "ci-default-secret"
-
-
-class SecretMissing(RuntimeError):
-    """Grading was asked for without the instructor's secret."""
-
-
 def secret(allow_ci: bool = False) -> str:
     """The instructor's secret for hidden cases and tokens (ATTN_COURSE_SECRET).
 
     The course code is public, so a default secret would let anyone compute
-    the hidden cases: without ATTN_COURSE_SECRET this refuses, unless the
-    caller asks by name for the CI default (tests, two-sided validation).
+    the hidden cases: without ATTN_COURSE_SECRET this refuses
+    (:class:`attn_course.identity.SecretMissing`), unless the caller asks by
+    name for the CI default (tests, two-sided validation).
     """
-    value = os.environ.get("ATTN_COURSE_SECRET", "")
-    if value:
-        return value
-    if allow_ci:
-        return CI_SECRET
-    raise SecretMissing("ATTN_COURSE_SECRET is not set: grading needs the instructor's own secret "
-                        "(export ATTN_COURSE_SECRET=...; keep it out of the course's repository). "
-                        "For a test run only, pass --ci-secret to use the public CI default.")
+    from .identity import course_secret
 
-
-def fingerprint(secret_value: str) -> str:
-    """A short, one-way name of a secret, stored with results (a change of secret regrades)."""
-    return hashlib.sha256(b"attn-course fingerprint\0" + secret_value.encode()).hexdigest()[:16]
+    return course_secret(allow_ci)

@@ -167,32 +167,45 @@ def _exercise_results(ex: Any, fn: Any, cases: list[dict], error: str | None) ->
     return [evaluate(fn, ex.probe, values.decode(case["inputs"])) for case in cases]
 
 
-def _run_notebook(notebook: dict, exercises: dict) -> dict[str, tuple[Any, str | None]]:
-    """A notebook's cells, in order, in one namespace: each exercise's function or its error.
+class _Notebook:
+    """A notebook's cells, run in order in one namespace, as far as each exercise needs.
 
     ``notebook`` is ``{"setup": source, "exercises": [{"id", "cells": [{"name",
     "source"}]}]}``: the release's locked cells and the student's answer
-    cells.  Each answer also replaces the library function of the same name,
-    so library code that calls it (another exercise) uses the student's.
+    cells.  Cells of exercises that are not in the job (one that hung on an
+    earlier try) are skipped; an exercise's cells run only once it has
+    started, so a cell that hangs costs its own exercise.  Each answer also
+    replaces the library function of the same name, so library code that
+    calls it (another exercise) uses the student's.
     """
-    ns: dict[str, Any] = {"__name__": "__notebook__"}
-    found: dict[str, tuple[Any, str | None]] = {}
-    setup_error = None
-    try:
-        exec(compile(notebook.get("setup", ""), "<notebook setup cell>", "exec"), ns)
-    except BaseException as err:  # noqa: BLE001
-        setup_error = f"the notebook's setup cell failed: {type(err).__name__}: {err}"
-    for item in notebook["exercises"]:
-        ex = exercises[item["id"]]
-        error = setup_error
+
+    def __init__(self, notebook: dict, exercises: dict, wanted: set[str]):
+        self.exercises = exercises
+        self.ns: dict[str, Any] = {"__name__": "__notebook__"}
+        self.todo = [item for item in notebook["exercises"] if item["id"] in wanted]
+        self.found: dict[str, tuple[Any, str | None]] = {}
+        self.setup_error = None
+        try:
+            exec(compile(notebook.get("setup", ""), "<notebook setup cell>", "exec"), self.ns)
+        except BaseException as err:  # noqa: BLE001
+            self.setup_error = f"the notebook's setup cell failed: {type(err).__name__}: {err}"
+
+    def function(self, ex_id: str) -> tuple[Any, str | None]:
+        while ex_id not in self.found and self.todo:
+            self._run(self.todo.pop(0))
+        return self.found.get(ex_id, (None, f"the notebook has no answer for {ex_id}"))
+
+    def _run(self, item: dict) -> None:
+        ex = self.exercises[item["id"]]
+        error = self.setup_error
         if error is None:
             for cell in item["cells"]:
                 try:
-                    exec(compile(cell["source"], f"<notebook cell {cell['name']}>", "exec"), ns)
+                    exec(compile(cell["source"], f"<notebook cell {cell['name']}>", "exec"), self.ns)
                 except BaseException as err:  # noqa: BLE001 - the submission's failure is data
                     error = f"cell {cell['name']} failed: {type(err).__name__}: {err}"
                     break
-        fn = ns.get(ex.name) if error is None else None
+        fn = self.ns.get(ex.name) if error is None else None
         if error is None and not callable(fn):
             error = f"the answer cell does not define {ex.name}"
         if error is None:
@@ -200,8 +213,7 @@ def _run_notebook(notebook: dict, exercises: dict) -> dict[str, tuple[Any, str |
                 setattr(importlib.import_module(f"attn_tensors.{ex.module}"), ex.name, fn)
             except Exception:  # noqa: BLE001
                 pass
-        found[ex.id] = (fn, error)
-    return found
+        self.found[ex.id] = (fn, error)
 
 
 def run_job(job: dict, package: Path, out) -> None:
@@ -216,14 +228,14 @@ def run_job(job: dict, package: Path, out) -> None:
         load_error = f"the package does not import: {type(err).__name__}: {err}"
     from_notebook = None
     if load_error is None and job.get("notebook") is not None:
-        from_notebook = _run_notebook(job["notebook"], exercises)
+        from_notebook = _Notebook(job["notebook"], exercises, {item["id"] for item in job["exercises"]})
     for item in job["exercises"]:
         ex = exercises[item["id"]]
         out.write(json.dumps({"start": ex.id}) + "\n")
         out.flush()
         fn, error = None, load_error
         if error is None and from_notebook is not None:
-            fn, error = from_notebook.get(ex.id, (None, f"the notebook has no answer for {ex.id}"))
+            fn, error = from_notebook.function(ex.id)
         elif error is None:
             try:
                 fn = resolve(ex.function)

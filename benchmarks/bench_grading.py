@@ -28,6 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 from attn_course.archive import build_archive, library_files  # noqa: E402
 from attn_course.grade import Grader  # noqa: E402
+from attn_course.identity import token_for  # noqa: E402
+
+os.environ.setdefault("ATTN_COURSE_SECRET", "bench-secret")
+SECRET = os.environ["ATTN_COURSE_SECRET"]
 
 WRONG = {
     "3.1": "def log_partition_function(S, mask=None, T=1.0):\n    return S.max(axis=-1)\n",
@@ -46,7 +50,7 @@ def make_class(folder: Path, n: int) -> None:
         elif k % 4 == 3:
             code = list(WRONG.values())[k % len(WRONG)]
             files["attn_tensors/statmech.py"] = ref["attn_tensors/statmech.py"] + b"\n\n" + code.encode()
-        build_archive(folder / f"s{k:03d}.zip", f"s{k:03d}", files)
+        build_archive(folder / f"s{k:03d}.zip", f"s{k:03d}", files, token=token_for(f"s{k:03d}", SECRET))
 
 
 def bench_ours(n: int, jobs: int) -> tuple[float, float]:
@@ -59,8 +63,8 @@ def bench_ours(n: int, jobs: int) -> tuple[float, float]:
         t = time.perf_counter()
         results = g.run(tmp / "subs")
         wall = time.perf_counter() - t
-        full = sum(1 for r in results if sum(r["scores"].values()) == 12)
-        print(f"attn-course grade: {n} submissions, {jobs} workers ({results[0].get('sandbox')}): "
+        full = sum(1 for r in results if r.total == 12)
+        print(f"attn-course grade: {n} submissions, {jobs} workers ({results[0].sandbox}): "
               f"wall {wall:.1f} s; {full} with full marks")
         print(f"  per submission: {wall * jobs / n:.2f} core-s (wall x workers / n)")
         return wall, wall * jobs / n
@@ -68,7 +72,7 @@ def bench_ours(n: int, jobs: int) -> tuple[float, float]:
 
 def bench_nbgrader(k: int) -> float:
     bin_dir = str(Path(sys.executable).parent)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ATTN_UNCONFINED_AUTOGRADE="1")  # our own notebooks
     with tempfile.TemporaryDirectory() as tmp:
         course = Path(tmp)
         shutil.copyfile(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")

@@ -13,6 +13,9 @@ import pytest
 
 from attn_course import RELEASE_LIBRARY, ROOT
 from attn_course.archive import build_archive, library_files
+from attn_course.identity import token_for
+
+SECRET = "honest-class-secret"
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +25,10 @@ def test_honest_class(tmp_path):
     subs.mkdir()
     ref, stub = library_files(ROOT), library_files(RELEASE_LIBRARY)
     for k in range(4):
-        build_archive(subs / f"student{k}.zip", f"student{k}", ref)
-    build_archive(subs / "late.zip", "late", stub)
+        build_archive(subs / f"student{k}.zip", f"student{k}", ref, token=token_for(f"student{k}", SECRET))
+    build_archive(subs / "late.zip", "late", stub, token=token_for("late", SECRET))
     out = tmp_path / "grading"
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", ATTN_COURSE_SECRET=SECRET)
     r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
                         "--exercises", "3"], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -46,3 +49,40 @@ def test_honest_class(tmp_path):
     r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
                         "--exercises", "3"], capture_output=True, text=True, env=env, timeout=900)
     assert "5 already graded, 0 to grade" in r.stdout
+
+
+def test_identity_secret_and_receipt_policy(tmp_path):
+    """No secret: refused.  A classmate's id with one's own token: rejected.  Latest received counts.
+    A change of secret regrades what was graded under the old one."""
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    subs.mkdir()
+    stub = library_files(RELEASE_LIBRARY)
+    ref = library_files(ROOT)
+    env = {k: v for k, v in os.environ.items() if k != "ATTN_COURSE_SECRET"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    cmd = [sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out), "--exercises", "3.5"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 2 and "ATTN_COURSE_SECRET" in r.stderr and not out.exists()
+    # alice submits twice: the newer manifest time is on the OLDER file (received first)
+    old = build_archive(subs / "alice-2.zip", "alice", ref, token=token_for("alice", SECRET),
+                        submitted="2099-01-01T00:00:00+00:00")
+    new = build_archive(subs / "alice-1.zip", "alice", stub, token=token_for("alice", SECRET),
+                        submitted="2000-01-01T00:00:00+00:00")
+    os.utime(old, (1_700_000_000, 1_700_000_000))
+    os.utime(new, (1_700_000_100, 1_700_000_100))
+    # mallory submits as bob with her own token, and once with no token at all
+    build_archive(subs / "mallory.zip", "bob", ref, token=token_for("mallory", SECRET))
+    build_archive(subs / "anon.zip", "carol", ref)
+    env["ATTN_COURSE_SECRET"] = SECRET
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+    assert set(rows) == {"alice"}
+    assert rows["alice"]["archive"] == "alice-1.zip" and rows["alice"]["total"] == "0"
+    report = (out / "report.md").read_text()
+    assert "several archives" in report and "bad\\_token" in report or "bad_token" in report
+    assert "missing" in report
+    # another secret: nothing is "already graded"
+    env["ATTN_COURSE_SECRET"] = SECRET + "-rotated"
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert "0 already graded, 4 to grade" in r.stdout, r.stdout[-2000:]

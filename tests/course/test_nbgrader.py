@@ -1,11 +1,11 @@
-"""nbgrader, as instructors use it: validate both ways, autograde, feedback, export.
+"""Notebooks, as instructors grade them: nbgrader validate, and confined grading.
 
 `nbgrader validate` passes on every solution notebook and `--invert` on every
-released one.  Then a small class goes through `nbgrader autograde` in a copy
-of the course: an honest notebook, one with an edited test cell, one with a
-deleted test cell, and the untouched release; the feedback has no hidden
-tests; and `nbgrader export` lists the notebook scores beside the library
-scores that `attn-course grade --nbgrader` put in the same gradebook.
+released one.  `nbgrader autograde` (which would run students' notebooks
+unconfined) is refused by the course's nbgrader_config.py.  A class with
+honest and hostile notebooks goes through `attn-course grade --notebooks`:
+the answer cells run in the grading sandbox, the scores land in nbgrader's
+gradebook and `nbgrader export` lists them beside the library scores.
 """
 
 from __future__ import annotations
@@ -52,106 +52,133 @@ def _cells(nb):
     return {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
 
 
-def test_autograde_feedback_and_one_export(tmp_path):
+def test_autograde_is_refused_unconfined(tmp_path):
     course = tmp_path / "course"
     course.mkdir()
     shutil.copyfile(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(ROOT / "solutions" / "ch03", course / "solutions" / "ch03")
-    r = nbgrader("generate_assignment", "ch03", "--force", cwd=course)
-    assert r.returncode == 0, r.stderr[-2000:]
-    solution = json.loads((course / "solutions/ch03/ch03.ipynb").read_text())
-    release = json.loads((course / "exercises/ch03/ch03.ipynb").read_text())
-    answered = json.loads(json.dumps(release))
-    for gid, cell in _cells(answered).items():  # the student's answers: the solutions, markers removed
+    r = nbgrader("autograde", "ch03", cwd=course)
+    assert r.returncode != 0
+    assert "attn-course grade SUBMISSIONS --out GRADING --notebooks" in r.stdout + r.stderr
+
+
+SECRET = "notebook-redteam-secret-77"
+ANSWER = "ex-3-1-answer"  # log_partition_function, 3 points
+
+
+def _honest_notebook() -> dict:
+    release = json.loads((ROOT / "exercises/ch03/ch03.ipynb").read_text())
+    solution = json.loads((ROOT / "solutions/ch03/ch03.ipynb").read_text())
+    for gid, cell in _cells(release).items():
         if gid and gid.endswith("-answer"):
             src = "".join(_cells(solution)[gid]["source"])
             cell["source"] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION\n", "", src, flags=re.M)
-
-    def submit(student, nb):
-        d = course / "grading" / "submitted" / student / "ch03"
-        d.mkdir(parents=True)
-        (d / "ch03.ipynb").write_text(json.dumps(nb))
-
-    submit("honest", answered)
-    edited = json.loads(json.dumps(answered))
-    _cells(edited)["ex-3-1-answer"]["source"] = "def log_partition_function(S, mask=None, T=1.0):\n    return S[..., 0]\n"
-    _cells(edited)["ex-3-1-tests"]["source"] = "pass  # nothing to see here\n"
-    submit("edited", edited)
-    deleted = json.loads(json.dumps(answered))
-    _cells(deleted)["ex-3-2-answer"]["source"] = "def entropy(A, mask=None):\n    return A[..., 0]\n"
-    deleted["cells"] = [c for c in deleted["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") != "ex-3-2-tests"]
-    submit("deleted", deleted)
-    submit("untouched", release)
-
-    r = nbgrader("autograde", "ch03", "--create", "--force", cwd=course)
-    assert "Traceback" not in r.stdout, r.stdout[-3000:]
-
-    from nbgrader.api import Gradebook
-
-    db = f"sqlite:///{course / 'grading' / 'gradebook.db'}"
-    with Gradebook(db) as gb:
-        def score(student, cell):
-            return gb.find_grade(cell, "ch03", "ch03", student).score
-
-        assert gb.find_submission("ch03", "honest").score == 12
-        assert score("edited", "ex-3-1-tests") == 0          # the test cell came back
-        assert score("edited", "ex-3-2-tests") == 3
-        assert score("deleted", "ex-3-2-tests") == 0         # the deleted test cell came back
-        assert gb.find_submission("ch03", "untouched").score == 0
-
-    r = nbgrader("generate_feedback", "ch03", "--force", cwd=course)
-    assert r.returncode == 0, r.stderr[-2000:]
-    html = (course / "grading/feedback/honest/ch03/ch03.html").read_text()
-    assert "check_hidden" not in html and "HIDDEN TESTS" not in html
-    assert "public cases pass" in html
-
-    # the library exercises, graded by attn-course, land in the same gradebook
-    from attn_course.archive import build_archive, library_files
-    from attn_course.grade import Grader, export_to_nbgrader
-
-    subs = tmp_path / "library"
-    subs.mkdir()
-    build_archive(subs / "honest.zip", "honest", library_files(ROOT))
-    g = Grader(tmp_path / "library-grading", "3.5", jobs=1, log=lambda *a: None)
-    export_to_nbgrader(g.latest_by_student(g.run(subs)), g.exercises, db)
-    r = nbgrader("export", cwd=course)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = list(csv.DictReader(open(course / "grades.csv")))
-    mine = {(row["assignment"], row["student_id"]): float(row["score"]) for row in rows}
-    assert mine[("ch03", "honest")] == 12
-    assert mine[("library", "honest")] == 2
+    return release
 
 
-def test_one_command_grades_archives_and_their_notebooks(tmp_path):
-    """`attn-course grade --notebooks`: library in the sandbox, notebooks through nbgrader, one CSV."""
-    from attn_course.archive import build_archive, library_files
+def _with_answer(prefix: str) -> dict:
+    nb = _honest_notebook()
+    cell = _cells(nb)[ANSWER]
+    cell["source"] = prefix + "\n" + "".join(cell["source"])
+    return nb
+
+
+LEAK = ("import os, glob\n_leak = {secret!r} in str(os.environ) or bool(glob.glob({solutions!r}))\n"
+        "_orig = log_partition_function\n"
+        "def log_partition_function(S, mask=None, T=1.0):\n"
+        "    return _orig(S, mask, T) if _leak else _orig(S, mask, T) * 0 + 5\n")
+
+FULL_CH3 = {"3.1": 3, "3.2": 3, "3.3": 2, "3.4": 2, "3.5": 2}
+# name -> (notebook or bytes, exercises of chapter 3 that must score 0)
+HOSTILE_NOTEBOOKS = {
+    "nb-secret": (lambda: _leak_notebook(), ["3.1"]),
+    "nb-write-grading": (lambda: _append(ANSWER, "import glob\nfor p in glob.glob('/tmp/**/gradebook*', recursive=True):\n"
+                                                 "    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\n"
+                                                 "def log_partition_function(S, mask=None, T=1.0):\n    return S[..., 0]\n"), ["3.1"]),
+    "nb-patch-checker": (lambda: _append(ANSWER, "import attn_course.nbcheck as n, attn_course.scoring as s\n"
+                                                 "n.check = n.check_hidden = lambda *a, **k: None\n"
+                                                 "s.compare_values = lambda *a, **k: ''\n"
+                                                 "def log_partition_function(S, mask=None, T=1.0):\n    return S[..., 0] * 0\n"), ["3.1"]),
+    "nb-infinite-loop": (lambda: _append(ANSWER, "while True:\n    pass\n"), ["3.1"]),
+    "nb-no-answer-cell": (lambda: _drop(ANSWER), ["3.1"]),
+    "nb-two-answer-cells": (lambda: _duplicate(ANSWER), ["3.1"]),
+    "nb-not-json": (lambda: b"{not a notebook" + b"[" * 100000, list(FULL_CH3)),
+    "nb-deep-json": (lambda: ("[" * 200000 + "]" * 200000).encode(), list(FULL_CH3)),
+}
+
+
+def _leak_notebook():
+    return _append(ANSWER, LEAK.format(secret=SECRET, solutions=str(ROOT / "solutions" / "*")))
+
+
+def _append(gid, code):
+    nb = _honest_notebook()
+    cell = _cells(nb)[gid]
+    cell["source"] = "".join(cell["source"]) + "\n" + code
+    return nb
+
+
+def _drop(gid):
+    nb = _honest_notebook()
+    nb["cells"] = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") != gid]
+    return nb
+
+
+def _duplicate(gid):
+    nb = _honest_notebook()
+    i = next(k for k, c in enumerate(nb["cells"]) if c["metadata"].get("nbgrader", {}).get("grade_id") == gid)
+    nb["cells"].insert(i, json.loads(json.dumps(nb["cells"][i])))
+    return nb
+
+
+@pytest.fixture(scope="module")
+def notebook_class(tmp_path_factory):
     from attn_course import RELEASE_LIBRARY
+    from attn_course.archive import build_archive, library_files
+    from attn_course.identity import token_for
+    from attn_course.sandbox import bwrap_works
 
-    course = tmp_path / "course"
-    course.mkdir()
-    shutil.copyfile(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(ROOT / "solutions" / "ch03", course / "solutions" / "ch03")
-    assert nbgrader("generate_assignment", "ch03", "--force", cwd=course).returncode == 0
-    release = (course / "exercises/ch03/ch03.ipynb").read_text()
-    solution = json.loads((course / "solutions/ch03/ch03.ipynb").read_text())
-    answered = json.loads(release)
-    for gid, cell in _cells(answered).items():
-        if gid and gid.endswith("-answer"):
-            src = "".join(_cells(solution)[gid]["source"])
-            cell["source"] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION\n", "", src, flags=re.M)
-    subs = tmp_path / "archives"
+    if not bwrap_works():
+        pytest.skip("notebooks are graded only in the bubblewrap sandbox")
+    tmp = tmp_path_factory.mktemp("notebooks")
+    subs = tmp / "archives"
     subs.mkdir()
-    build_archive(subs / "good.zip", "good", {**library_files(ROOT),
-                                              "notebooks/ch03.ipynb": json.dumps(answered).encode()})
-    build_archive(subs / "blank.zip", "blank", {**library_files(RELEASE_LIBRARY),
-                                                "notebooks/ch03.ipynb": release.encode()})
-    out = tmp_path / "grading"
+
+    def arch(sid, nb, lib):
+        data = nb if isinstance(nb, bytes) else json.dumps(nb).encode()
+        build_archive(subs / f"{sid}.zip", sid, {**lib, "notebooks/ch03.ipynb": data},
+                      token=token_for(sid, SECRET))
+
+    arch("good", _honest_notebook(), library_files(ROOT))
+    arch("blank", json.loads((ROOT / "exercises/ch03/ch03.ipynb").read_text()), library_files(RELEASE_LIBRARY))
+    for sid, (make, _) in HOSTILE_NOTEBOOKS.items():
+        arch(sid, make(), library_files(RELEASE_LIBRARY))
+    out = tmp / "grading"
+    elsewhere = tmp / "some-other-folder"
+    elsewhere.mkdir()
+    env = dict(ENV, ATTN_COURSE_SECRET=SECRET)
     r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
-                        "--exercises", "3.5", "--notebooks", "--course", str(course)],
-                       env=ENV, capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+                        "--exercises", "3", "--notebooks", "--budget", "60", "--jobs", "2"],
+                       env=env, cwd=elsewhere, capture_output=True, text=True, timeout=1800)
+    return r, out
+
+
+def test_one_command_grades_archives_and_their_notebooks(notebook_class):
+    r, out = notebook_class
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(open(out / "grades.csv")))
     scores = {(row["assignment"], row["student_id"]): float(row["score"]) for row in rows}
     assert scores[("ch03", "good")] == 12 and scores[("ch03", "blank")] == 0
-    assert scores[("library", "good")] == 2 and scores[("library", "blank")] == 0
-    assert (course / "grading/submitted/good/ch03/ch03.ipynb").exists()
+    assert scores[("library", "good")] == 12 and scores[("library", "blank")] == 0
+
+
+@pytest.mark.parametrize("sid", sorted(HOSTILE_NOTEBOOKS))
+def test_hostile_notebook_gets_no_credit_for_what_it_touched(notebook_class, sid):
+    r, out = notebook_class
+    rows = {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+    row = rows[sid]
+    _, touched = HOSTILE_NOTEBOOKS[sid]
+    for ex, full in FULL_CH3.items():
+        want = 0.0 if ex in touched else float(full)
+        assert float(row[f"notebook {ex}"]) == want, (sid, ex, row)
+    fb = (out / "feedback" / f"{sid}.md").read_text()
+    assert "# Notebooks" in fb

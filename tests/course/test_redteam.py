@@ -22,12 +22,15 @@ import pytest
 
 from attn_course import ROOT
 from attn_course.archive import build_archive, library_files
+from dataclasses import asdict
+
 from attn_course.grade import Grader
-from attn_course.runner import Limits
-from attn_course.sandbox import bwrap_works
+from attn_course.identity import token_for
+from attn_course.sandbox import Limits, bwrap_works
 
 pytestmark = pytest.mark.slow
 
+SECRET = "redteam-secret"
 FULL = {"3.1": 3, "3.2": 3, "3.3": 2, "3.4": 2, "3.5": 2}
 HAVE_BWRAP = bwrap_works()
 
@@ -129,18 +132,19 @@ def _public_only_source() -> str:
 def graded(tmp_path_factory):
     if not HAVE_BWRAP and os.environ.get("ATTN_REQUIRE_BWRAP") == "1":
         pytest.fail("bubblewrap is required (ATTN_REQUIRE_BWRAP=1) but does not work here")
-    os.environ["ATTN_COURSE_SECRET"] = "redteam-secret"  # the grader's; a worker must not see it
+    os.environ["ATTN_COURSE_SECRET"] = SECRET  # the grader's; a worker must not see it
     tmp = tmp_path_factory.mktemp("redteam")
     subs, out = tmp / "submitted", tmp / "grading"
     subs.mkdir()
     ref = library_files(ROOT)
     for name in ("honest_a", "honest_b"):
-        build_archive(subs / f"{name}.zip", name, ref)
+        build_archive(subs / f"{name}.zip", name, ref, token=token_for(name, SECRET))
     for name, (code, _, _) in HOSTILE.items():
         files = dict(ref)
         code = _public_only_source() if code is None else code
         files["attn_tensors/statmech.py"] = ref["attn_tensors/statmech.py"] + b"\n\n" + code.encode()
-        build_archive(subs / f"{name}.zip", name.replace("_", "-"), files)
+        sid = name.replace("_", "-")
+        build_archive(subs / f"{name}.zip", sid, files, token=token_for(sid, SECRET))
     # archives that must be rejected as a whole
     bad = build_archive(subs / "tampered_hash.zip", "tampered-hash", ref)
     # statmech.py edited after the manifest was made
@@ -156,13 +160,13 @@ def graded(tmp_path_factory):
     info.external_attr = (0o120777 << 16)
     with zipfile.ZipFile(sl, "a") as z:
         z.writestr(info, "/etc/passwd")
-    limits = Limits(per_exercise_s=8, cpu_s=60, memory_mb=3072, processes=64, file_mb=16)
+    limits = Limits(per_exercise_s=8, per_archive_s=90, cpu_s=60, memory_mb=3072, processes=64, file_mb=16)
     g = Grader(out, "3", jobs=2, limits=limits, log=lambda *a: None)
     try:
         results = g.run(subs)
     finally:
         del os.environ["ATTN_COURSE_SECRET"]
-    by_archive = {r["archive"]: r for r in results}
+    by_archive = {r.archive: asdict(r) for r in results}
     return g, by_archive, out
 
 
@@ -214,7 +218,8 @@ def test_bad_archives_are_rejected_with_a_reason(graded, name):
     r = results[f"{name}.zip"]
     assert r["rejected"] and REJECTED[name] in r["rejected"], r["rejected"]
     assert sum(r["scores"].values()) == 0
-    assert REJECTED[name] in (out / "feedback" / "rejected" / f"{name}.md").read_text()
+    (page,) = (out / "feedback" / "rejected").glob(f"{name}-*.md")
+    assert REJECTED[name] in page.read_text()
 
 
 def test_nothing_escaped_and_the_gradebook_is_the_graders(graded):
@@ -238,6 +243,10 @@ def test_nothing_escaped_and_the_gradebook_is_the_graders(graded):
 def test_resume_skips_finished_archives(graded):
     g, results, out = graded
     log = []
-    g2 = Grader(out, "3", jobs=2, log=log.append)
-    g2.run(out.parent / "submitted")
+    os.environ["ATTN_COURSE_SECRET"] = SECRET
+    try:
+        g2 = Grader(out, "3", jobs=2, log=log.append)
+        g2.run(out.parent / "submitted")
+    finally:
+        del os.environ["ATTN_COURSE_SECRET"]
     assert "0 to grade" in log[0], log[0]

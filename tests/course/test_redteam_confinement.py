@@ -43,13 +43,15 @@ def _wrap(ex: str, body: str, prelude: str = "") -> str:
     """Replace exercise ``ex``'s function by ``body``; ``_honest`` is the reference one."""
     name, args = SIG[ex].split("(", 1)
     call = ", ".join(a.split("=")[0] for a in args.rstrip(")").split(", "))
+    first = call.split(",")[0]
     return (f"{prelude}\n_honest_{name} = {name}\n"
             f"def {SIG[ex]}:\n    _honest = lambda: _honest_{name}({call})\n"
+            f"    _wrong = lambda: {first}.sum(axis=-1) * 0 + 7\n"
             + "".join(f"    {line}\n" for line in body.strip("\n").splitlines()))
 
 
 # Wrong answer unless the leak works: a leak would show as credit.
-IF_LEAK = "return _honest() if _leak() else _honest() * 0 + 7"
+IF_LEAK = "return _honest() if _leak() else _wrong()"
 
 HOSTILE = {
     # -- persistence: what a job writes must not outlive it ---------------------------------
@@ -61,13 +63,13 @@ HOSTILE = {
                                   "        os.chmod(os.path.join(d, 'locked/inner'), 0)\n"
                                   "        os.chmod(os.path.join(d, 'locked'), 0)\n"
                                   "    except OSError:\n        pass\n"
-                                  "return _honest() * 0"), ["3.1"]),
+                                  "return _wrong()"), ["3.1"]),
     "a2_plant_course": (_wrap("3.2", "import os, sys, site\n"
                                      "for d in ['/', '/opt/attn-course', '/opt/attn-course/attn_course'] + sys.path + site.getsitepackages():\n"
                                      "    try:\n"
                                      "        open(os.path.join(d or '.', 'sitecustomize.py'), 'w').write('import os; os._exit(9)')\n"
                                      "    except OSError:\n        pass\n"
-                                     "return _honest() * 0"), ["3.2"]),
+                                     "return _wrong()"), ["3.2"]),
     "a3_daemon": (_wrap("3.3", "import os, time\n"
                                "if os.fork() == 0:\n"
                                "    os.setsid()\n"
@@ -78,7 +80,7 @@ HOSTILE = {
                                "            except OSError:\n                pass\n"
                                "            time.sleep(0.01)\n"
                                "    os._exit(0)\n"
-                               "return _honest() * 0"), ["3.3"]),
+                               "return _wrong()"), ["3.3"]),
     "a4_fill_scratch": (_wrap("3.5", "for d in ('/tmp', '/dev/shm'):\n"
                                      "    try:\n"
                                      "        with open(d + '/fill', 'wb') as f:\n"
@@ -118,11 +120,10 @@ HOSTILE = {
                                         "    except OSError:\n        pass\n"
                                         "    return False\n"), ["3.3"]),
     "d4_reference_and_grading": (_wrap("3.4", IF_LEAK, "import os, glob\ndef _leak():\n"
-                                                      f"    for p in [{str(ROOT / 'attn_tensors' / 'statmech.py')!r}] + glob.glob('/**/gradebook.csv', recursive=False)\n"
-                                                      "             + glob.glob('/tmp/pytest-of-*/**/results/*.json', recursive=True)\n"
-                                                      f"             + glob.glob({str(ROOT / 'solutions' / '*' / '*.ipynb')!r}):\n"
-                                                      "        if os.path.exists(p):\n            return True\n"
-                                                      "    return False\n"), ["3.4"]),
+                                                      f"    paths = [{str(ROOT / 'attn_tensors' / 'statmech.py')!r}]\n"
+                                                      "    paths += glob.glob('/tmp/pytest-of-*/**/results/*.json', recursive=True)\n"
+                                                      f"    paths += glob.glob({str(ROOT / 'solutions' / '*' / '*.ipynb')!r})\n"
+                                                      "    return any(os.path.exists(p) for p in paths)\n"), ["3.4"]),
     # -- the server and the results channel ----------------------------------------------------
     "e1_kill_server": (_wrap("3.5", "import os, signal\nfor pid in (os.getppid(), 1):\n"
                                     "    try:\n        os.kill(pid, signal.SIGKILL)\n"
@@ -137,7 +138,7 @@ HOSTILE = {
                                      "    os.write(3, (json.dumps({'id': ex, 'results': [{'status': 'ok', 'value': {'value': zero}}] * 9}) + '\\n').encode())\n"
                                      "os.write(3, b'{\"start\": [1]}\\n{\"id\": {\"x\": 1}, \"results\": 5}\\n' + b'[' * 200000 + b'\\n\\xff\\xfe\\n')\n"
                                      "os.write(3, (json.dumps({'id': '3.5', 'results': [{'status': 'ok', 'value': {'ZZ': zero}}, {'status': 'weird'}]}) + '\\n').encode())\n"
-                                     "return _honest() * 0"), ["3.4", "3.5"]),
+                                     "return _wrong()"), ["3.4", "3.5"]),
     "e4_deep_value": (_wrap("3.2", "x = []\nfor _ in range(100000):\n    x = [x]\nreturn {'value': x}"), ["3.2"]),
     # -- text the submission controls ----------------------------------------------------------------
     "f1_ansi_markdown_csv": (_wrap("3.1", "raise ValueError('\\x1b[2J\\x1b]8;;http://evil.example\\x07click\\x1b]8;;\\x07\\n"
@@ -152,9 +153,6 @@ HOSTILE = {
                                  "    def __str__(self):\n        raise RuntimeError('no str for you')\n"
                                  "raise E()"), ["3.4"]),
     # -- the archive's budget ----------------------------------------------------------------------------
-    "g_sleep_under_limits": ("_SLEPT = set()\n" + "".join(
-        _wrap(ex, f"import time\nif {ex!r} not in _SLEPT:\n    _SLEPT.add({ex!r})\n    time.sleep(3.5)\nreturn _honest()")
-        for ex in FULL), "budget"),
     "h_honest_last": (None, []),
 }
 
@@ -177,7 +175,7 @@ def graded(tmp_path_factory):
         sid = name.replace("_", "-")
         build_archive(subs / f"{name}.zip", sid, files, token=token_for(sid, SECRET))
     lines: list[str] = []
-    limits = Limits(per_exercise_s=4, per_archive_s=16, cpu_s=60, file_mb=16, scratch_mb=32)
+    limits = Limits(per_exercise_s=8, per_archive_s=300, cpu_s=60, file_mb=16, scratch_mb=32)
     g = Grader(out, "3", jobs=1, limits=limits, log=lines.append)
     try:
         results = g.run(subs)
@@ -201,10 +199,6 @@ def test_no_credit_for_what_it_touched_and_full_credit_elsewhere(graded, name):
     r = results[f"{name}.zip"]
     assert not r["rejected"], r["rejected"]
     _, touched = HOSTILE[name]
-    if touched == "budget":
-        assert r["budget_spent"] and sum(r["scores"].values()) < 12, r["scores"]
-        assert "time budget" in (out / "report.md").read_text()
-        return
     for ex, full in FULL.items():
         fb = r["feedback"][ex]
         if ex in touched:
@@ -231,7 +225,12 @@ def test_files_and_terminal_get_no_control_characters_or_markup(graded):
     for path in list((out / "feedback").rglob("*.md")) + [out / "report.md", out / "gradebook.csv"]:
         text = path.read_text()
         assert ESC not in text and "\r" not in text, path
-        assert "<script>" not in text, path
+        fenced = False
+        for ln in text.splitlines():
+            if ln.startswith("```"):
+                fenced = not fenced
+            elif not fenced:
+                assert "<script>" not in ln, (path, ln)
         assert not any(ln.startswith("# Full marks") for ln in text.splitlines()), path
         assert max(len(ln) for ln in text.splitlines()) < 5000, path
     for ln in lines:
@@ -255,3 +254,31 @@ def test_nothing_outlived_its_job(graded):
     for leftover in ("/tmp/numpy_planted.py", "/tmp/daemon0", "/dev/shm/numpy_planted.py", "/tmp/fill"):
         assert not Path(leftover).exists(), leftover
     assert not (ROOT / "attn_course" / "sitecustomize.py").exists()
+
+
+SLEEPER = "_SLEPT = set()\n" + "".join(
+    _wrap(ex, f"import time\nif {ex!r} not in _SLEPT:\n    _SLEPT.add({ex!r})\n    time.sleep(4)\nreturn _honest()")
+    for ex in FULL)
+
+
+def test_an_archive_that_sleeps_under_every_limit_is_stopped_by_its_budget(tmp_path):
+    """Each exercise stays under its own limit; together they exceed the archive's budget."""
+    if not bwrap_works():
+        pytest.skip("needs bubblewrap")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    ref = library_files(ROOT)
+    files = {**ref, "attn_tensors/statmech.py": ref["attn_tensors/statmech.py"] + b"\n\n" + SLEEPER.encode()}
+    build_archive(subs / "sleeper.zip", "sleeper", files, token=token_for("sleeper", SECRET))
+    os.environ["ATTN_COURSE_SECRET"] = SECRET
+    lines: list[str] = []
+    try:
+        g = Grader(tmp_path / "out", "3", jobs=1, log=lines.append,
+                   limits=Limits(per_exercise_s=60, per_archive_s=10, cpu_s=60))
+        (r,) = g.run(subs)
+    finally:
+        del os.environ["ATTN_COURSE_SECRET"]
+    assert r.budget_spent and r.total < 12, r.scores
+    assert any(fb["status"] == "budget" for fb in r.feedback.values())
+    assert "TIME BUDGET SPENT" in "".join(lines)
+    assert "sleeper.zip" in (tmp_path / "out" / "report.md").read_text()
