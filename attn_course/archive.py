@@ -136,8 +136,9 @@ def _archive_bytes(path: Path) -> bytes:
 def _check_member(info: zipfile.ZipInfo) -> None:
     """Rejects a member whose name, kind, flags or sizes are not acceptable (before reading it)."""
     name = info.filename
-    if not name or len(name) > MAX_NAME or not name.isascii() or not name.isprintable():
-        raise Rejected(f"unsafe path in the archive: {_show(name)} (control or non-ASCII characters)")
+    raw = info.orig_filename  # zipfile cuts a name at NUL: judge what the archive holds
+    if not raw or len(raw) > MAX_NAME or not raw.isascii() or not raw.isprintable() or raw != name:
+        raise Rejected(f"unsafe path in the archive: {_show(raw)} (control or non-ASCII characters)")
     parts = PurePosixPath(name).parts
     if name.startswith("/") or "\\" in name or ".." in parts or ":" in name:
         raise Rejected(f"unsafe path in the archive: {_show(name)}")
