@@ -117,7 +117,7 @@ def normalize_token(token: object) -> str | None:
     for a letter (``0``, ``1``, ``8`` for ``O``, ``I``, ``B``) are read as
     the letter.
     """
-    if not isinstance(token, str) or len(token) > MAX_TOKEN_INPUT:
+    if not isinstance(token, str) or len(token) > MAX_TOKEN_INPUT or not token.isascii():
         return None
     raw = re.sub(r"[\s-]", "", token).upper().translate(_SLIPS)
     if len(raw) != TOKEN_CHARS or not set(raw) <= _BASE32:
