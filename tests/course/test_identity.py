@@ -233,6 +233,9 @@ def test_roster_command_keeps_an_existing_file_unless_forced(tmp_path, monkeypat
     assert "already exists" in capsys.readouterr().err and out.read_text() == "precious\n"
     assert cli.main(["roster", str(roster), "--out", str(out), "--force"]) == 0
     assert _csv_rows(out)[1] == ["s1", expected_token("s1", SECRET)]
+    capsys.readouterr()
+    assert cli.main(["roster", str(roster), "--out", str(tmp_path / "no" / "such" / "t.csv")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
 
 
 def test_instructor_commands_refuse_to_run_without_a_secret(tmp_path, no_secret, capsys):
