@@ -1,11 +1,20 @@
 """Reading a submission archive safely (trusted side; nothing in it is run here).
 
-An archive is accepted only if it is a readable zip whose members are plain
-files under ``attn_tensors/`` (``.py``) or ``notebooks/`` (``.ipynb``) plus
-``manifest.json``; no absolute or ``..`` paths, no links, bounded sizes; the
-manifest names a valid student id and this assignment, and lists exactly
-the files present with their SHA-256.  Anything else rejects the whole
-archive with a reason the student can act on.
+An archive is accepted only if it is a regular file (not a link, folder or
+FIFO) holding a readable zip whose members are plain files under
+``attn_tensors/`` (``.py``) or ``notebooks/`` (``.ipynb``) plus
+``manifest.json``: printable ASCII names, no absolute or ``..`` paths, no
+links, no encryption, stored or deflated only, sizes and CRC exactly as
+declared, bounded sizes and compression ratio; the manifest matches
+:data:`MANIFEST_FIELDS` exactly (types, lengths, no other field), names a
+valid student id and this assignment, and lists exactly the files present
+with their SHA-256.  Anything else rejects the whole archive with a short
+printable reason (:class:`Rejected`); :func:`read_submission` raises
+nothing else, whatever the bytes.
+
+The file is read once into memory; its hash, the zip directory and every
+member come from those same bytes, which this module decompresses itself
+so that a size or CRC that lies is caught rather than trusted.
 """
 
 from __future__ import annotations
@@ -136,8 +145,9 @@ def _archive_bytes(path: Path) -> bytes:
 def _check_member(info: zipfile.ZipInfo) -> None:
     """Rejects a member whose name, kind, flags or sizes are not acceptable (before reading it)."""
     name = info.filename
-    if not name or len(name) > MAX_NAME or not name.isascii() or not name.isprintable():
-        raise Rejected(f"unsafe path in the archive: {_show(name)} (control or non-ASCII characters)")
+    raw = info.orig_filename  # zipfile cuts a name at NUL: judge what the archive holds
+    if not raw or len(raw) > MAX_NAME or not raw.isascii() or not raw.isprintable() or raw != name:
+        raise Rejected(f"unsafe path in the archive: {_show(raw)} (control or non-ASCII characters)")
     parts = PurePosixPath(name).parts
     if name.startswith("/") or "\\" in name or ".." in parts or ":" in name:
         raise Rejected(f"unsafe path in the archive: {_show(name)}")
@@ -267,14 +277,15 @@ def read_submission(path: Path, assignment: str = ASSIGNMENT) -> Submission:
 def _check_entry_count(data: bytes) -> None:
     """Rejects an archive whose end record announces too many entries, before they are parsed."""
     end_record = getattr(zipfile, "_EndRecData", None)
-    if end_record is None:
+    total_field = getattr(zipfile, "_ECD_ENTRIES_TOTAL", None)
+    if end_record is None or total_field is None:  # zipfile's internals changed: its own parse still bounds it
         return
     try:
         rec = end_record(io.BytesIO(data))
     except (OSError, ValueError, struct.error, EOFError):
         return  # zipfile will say what is wrong
-    if rec and rec[zipfile._ECD_ENTRIES_TOTAL] > MAX_MEMBERS + 64:
-        raise Rejected(f"{rec[zipfile._ECD_ENTRIES_TOTAL]} entries in the archive (at most {MAX_MEMBERS})")
+    if rec and int(rec[total_field]) > MAX_MEMBERS + 64:
+        raise Rejected(f"{int(rec[total_field])} entries in the archive (at most {MAX_MEMBERS})")
 
 
 def _read_submission(path: Path, assignment: str) -> Submission:

@@ -117,7 +117,7 @@ def normalize_token(token: object) -> str | None:
     for a letter (``0``, ``1``, ``8`` for ``O``, ``I``, ``B``) are read as
     the letter.
     """
-    if not isinstance(token, str) or len(token) > MAX_TOKEN_INPUT:
+    if not isinstance(token, str) or len(token) > MAX_TOKEN_INPUT or not token.isascii():
         return None
     raw = re.sub(r"[\s-]", "", token).upper().translate(_SLIPS)
     if len(raw) != TOKEN_CHARS or not set(raw) <= _BASE32:
@@ -301,7 +301,10 @@ def write_tokens(roster: Roster, secret: str, out: Path | str, *, force: bool = 
     if (out.exists() or out.is_symlink()) and not force:
         raise IdentityError(f"{out} already exists; it was not overwritten (pass --force to replace it)")
     tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as err:
+        raise IdentityError(f"{out} cannot be written ({err.strerror or type(err).__name__})") from None
     try:
         with os.fdopen(fd, "w", newline="") as f:
             w = csv.writer(f)

@@ -33,7 +33,7 @@ import zipfile
 from pathlib import Path
 
 from . import EXERCISES, RELEASE_LIBRARY
-from .identity import STUDENT_ID, IdentityError, format_token, valid_student_id
+from .identity import STUDENT_ID, IdentityError, format_token, valid_student_id  # noqa: F401 (STUDENT_ID re-exported)
 from .registry import CHAPTERS, all_exercises
 
 ASSIGNMENT = "attn-tensors-library"
@@ -53,7 +53,8 @@ def library_version() -> str:
 def check_student_id(student: str) -> str:
     if not valid_student_id(student):
         raise WorkspaceError(
-            f"student id {student!r:.80} must be 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit)"
+            f"student id {student!r:.80} must be 1-64 letters, digits, '.', '_' or '-' "
+            "(starting with a letter or digit)"
         )
     return student
 

@@ -73,6 +73,7 @@ def test_verify_token_tolerates_what_a_student_types():
 
 @pytest.mark.parametrize("token", [None, "", 12345, ["AAAAA"], b"AAAAA-AAAAA-AAAAA-AAAAA", "A" * 19, "A" * 21,
                                    "AAAAA-AAAAA-AAAAA-AAAA9", "ÀAAAA-AAAAA-AAAAA-AAAAA", "\ud800" * 20,
+                                   "AAAAAAAAAAAAAAAAAA\u00df", "\uff21" * 20,
                                    "A" * 10_000, "AAAAA-AAAAA-AAAAA-AAAAA\n" * 3])
 def test_malformed_tokens_are_refused_without_an_exception(token):
     assert verify_token("s1", token, SECRET) is False
@@ -88,6 +89,14 @@ def test_invalid_ids_get_no_token_and_never_verify(sid):
     if isinstance(sid, str) and sid.endswith("\n"):
         assert not verify_token(sid, token_for(sid[:-1], SECRET), SECRET)
     assert verify_token(sid, "AAAAA-AAAAA-AAAAA-AAAAA", SECRET) is False
+
+
+def test_only_ascii_base32_normalises_to_a_token():
+    """Case folding must not turn other letters into base32 ones ('\u00df'.upper() == 'SS')."""
+    assert identity.normalize_token("abcde fghij-klmno pqrst") == "ABCDEFGHIJKLMNOPQRST"
+    assert identity.normalize_token("AAAAAAAAAAAAAAAAAA\u00df") is None
+    assert identity.normalize_token("\uff21" * 20) is None
+    assert identity.normalize_token("A" * 20 + "\n") == "A" * 20  # whitespace around a pasted token is fine
 
 
 def test_an_empty_secret_is_refused():
@@ -224,6 +233,9 @@ def test_roster_command_keeps_an_existing_file_unless_forced(tmp_path, monkeypat
     assert "already exists" in capsys.readouterr().err and out.read_text() == "precious\n"
     assert cli.main(["roster", str(roster), "--out", str(out), "--force"]) == 0
     assert _csv_rows(out)[1] == ["s1", expected_token("s1", SECRET)]
+    capsys.readouterr()
+    assert cli.main(["roster", str(roster), "--out", str(tmp_path / "no" / "such" / "t.csv")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
 
 
 def test_instructor_commands_refuse_to_run_without_a_secret(tmp_path, no_secret, capsys):
