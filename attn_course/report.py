@@ -68,7 +68,7 @@ def _case_lines(fb: dict) -> list[str]:
 def _section(out: list[str], title: str, scores: dict, feedback: dict, exercises: list[Exercise]) -> None:
     for e in exercises:
         fb = feedback.get(e.id, {})
-        out.append(f"## {title}{e.id}: {md_inline(e.title)} ({scores.get(e.id, 0.0):g}/{e.points})")
+        out.append(f"## {title}{e.id}: {e.title} ({scores.get(e.id, 0.0):g}/{e.points})")
         status = fb.get("status", "")
         if status == "pass":
             out.append("All cases pass.")
