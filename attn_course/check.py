@@ -13,9 +13,9 @@ from pathlib import Path
 
 from . import values
 from .registry import CHAPTERS, Case, Exercise, all_exercises
-from .runner import package_files, run_worker
+from .runner import package_files, run_and_grade
 from .sandbox import Limits, Plain
-from .scoring import ExerciseResult, Outcome, Status, grade, stubbed_exercises
+from .scoring import ExerciseResult, Outcome, Status, stubbed_exercises
 from .server import WorkerServer
 
 
@@ -44,15 +44,11 @@ def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | No
     limits = limits or Limits(per_exercise_s=120, per_archive_s=3600)
     server = WorkerServer(Plain(limits))
     try:
-        raw = run_worker(server, package_files(workspace), [(e, public[e.id][0]) for e in exercises], limits)
+        graded = run_and_grade(server, package_files(workspace), [(e, *public[e.id]) for e in exercises],
+                               False, stubbed_exercises(workspace), limits)
     finally:
         server.close()
-    stubbed = stubbed_exercises(workspace)
-    results = []
-    for e in exercises:
-        cases, expected = public[e.id]
-        results.append(ExerciseResult(e, grade(e, cases, expected, raw.get(e.id, []), False, stubbed)))
-    return results
+    return [ExerciseResult(e, graded[e.id]) for e in exercises]
 
 
 SYMBOL = {Status.PASS: "PASS", Status.FAIL: "FAIL", Status.NOT_IMPLEMENTED: "TODO", Status.BLOCKED: "WAIT",

@@ -29,97 +29,28 @@ unknown students are listed in the report.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import stat
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from . import RELEASE_LIBRARY
 from .archive import Rejected, read_submission, sha256_file, unpack
 from .identity import secret_fingerprint
 from .registry import Exercise, secret, select
-from .runner import package_files, reference_results, run_worker
+from .runner import package_files, reference_results, run_and_grade
 from .sandbox import Limits, confinement
-from .scoring import ExerciseResult, Outcome, grade, stubbed_exercises
+from .scoring import ExerciseResult, stubbed_exercises
 from .server import WorkerServer
+from .results import ArchiveResult, atomic_write, latest_by_student, result_name
 from .text import terminal
 from .workspace import ASSIGNMENT
-
-RESULT_FORMAT = 2
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-@dataclass
-class ArchiveResult:
-    """What grading one archive gave (stored as ``results/<archive>.json``)."""
-
-    archive: str
-    sha256: str
-    secret: str  # the secret's fingerprint
-    exercises: list[str]
-    received: float = 0.0  # the archive file's modification time (seconds since the epoch)
-    student_id: str | None = None
-    identity: str = ""  # "ok", or why the archive's claim of identity failed
-    rejected: str | None = None
-    error: bool = False  # the grader itself failed on this archive: retried on the next run
-    scores: dict[str, float] = field(default_factory=dict)
-    feedback: dict[str, dict] = field(default_factory=dict)
-    notebook_scores: dict[str, float] = field(default_factory=dict)
-    notebook_feedback: dict[str, dict] = field(default_factory=dict)
-    budget_spent: bool = False
-    sandbox: str = ""
-    seconds: float = 0.0
-    format: int = RESULT_FORMAT
-
-    @property
-    def total(self) -> float:
-        return sum(self.scores.values())
-
-    @classmethod
-    def load(cls, path: Path) -> "ArchiveResult | None":
-        """A stored result, or None if it is not one of ours (a rerun grades again)."""
-        try:
-            data = json.loads(Path(path).read_text())
-            if not isinstance(data, dict) or data.get("format") != RESULT_FORMAT:
-                return None
-            return cls(**data)
-        except (OSError, ValueError, TypeError, RecursionError):
-            return None
-
-
-def result_name(archive: Path) -> str:
-    """A file name for an archive's result that no archive name can bend."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", archive.stem)[:80]
-    return f"{stem}-{hashlib.sha256(archive.name.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}.json"
-
-
-def _results_of(ex: Exercise, cases: list, expected, got, hidden: bool, stubbed) -> list:
-    return grade(ex, cases, expected, got, hidden, stubbed)
 
 
 class Grader:
@@ -191,27 +122,21 @@ class Grader:
                                  require_token=self.require_token)
         result.identity = verdict.value
 
-    def _run(self, slot: int, files: dict[str, str], stubbed: set[str], deadline: float,
-             notebook: list | None = None) -> tuple[dict[str, float], dict[str, dict], bool]:
+    def _run(self, slot: int, exercises: list[Exercise], files: dict[str, str], stubbed: set[str],
+             deadline: float, notebook: dict | None = None) -> tuple[dict[str, float], dict[str, dict], bool]:
         """Hidden cases of every exercise, then public ones for those that lost points."""
         server = self._server(slot)
-        job_files = dict(files)
-        extra = {"notebook": notebook} if notebook is not None else {}
-        items = [(e, self._expected[e.id][2]) for e in self.exercises]
-        hidden_raw = run_worker(server, job_files, items, self.limits, deadline, **extra)
-        hidden_res = {e.id: grade(e, self._expected[e.id][2], self._expected[e.id][3],
-                                  hidden_raw.get(e.id, []), True, stubbed) for e in self.exercises}
-        failing = [e for e in self.exercises
+        exp = self._expected
+        hidden_res = run_and_grade(server, files, [(e, exp[e.id][2], exp[e.id][3]) for e in exercises],
+                                   True, stubbed, self.limits, deadline, notebook)
+        failing = [e for e in exercises
                    if not all(c.passed for c in hidden_res[e.id])
                    and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
-        public_raw = run_worker(server, job_files, [(e, self._expected[e.id][0]) for e in failing],
-                                self.limits, deadline, **extra) if failing else {}
+        public_res = run_and_grade(server, files, [(e, exp[e.id][0], exp[e.id][1]) for e in failing],
+                                   False, stubbed, self.limits, deadline, notebook) if failing else {}
         scores, feedback, spent = {}, {}, False
-        for e in self.exercises:
-            public, exp_p, _, _ = self._expected[e.id]
-            cases = hidden_res[e.id]
-            if e in failing:
-                cases = grade(e, public, exp_p, public_raw.get(e.id, []), False, stubbed) + cases
+        for e in exercises:
+            cases = public_res.get(e.id, []) + hidden_res[e.id]
             r = ExerciseResult(e, cases)
             spent |= any(c.status.value == "budget" for c in cases)
             scores[e.id] = round(r.score, 4)
@@ -246,18 +171,14 @@ class Grader:
                 package = unpack(sub, RELEASE_LIBRARY, Path(tmp)).parent
                 files = package_files(package)
                 stubbed = stubbed_exercises(package)
-            result.scores, result.feedback, result.budget_spent = self._run(slot, files, stubbed, deadline)
+            result.scores, result.feedback, result.budget_spent = self._run(slot, self.exercises, files, stubbed,
+                                                                            deadline)
             if self.notebooks:
                 from .nbgrader_bridge import notebook_jobs
 
-                stub_files = package_files(RELEASE_LIBRARY)
                 for ch, cells, problems in notebook_jobs(sub, self.exercises):
                     chosen = [e for e in self.exercises if e.chapter == ch]
-                    saved, self.exercises = self.exercises, chosen
-                    try:
-                        s, fb, spent = self._run(slot, stub_files, set(), deadline, notebook=cells)
-                    finally:
-                        self.exercises = saved
+                    s, fb, spent = self._run(slot, chosen, files, set(), deadline, notebook=cells)
                     for ex_id, why in problems.items():
                         s[ex_id] = 0.0
                         fb[ex_id] = {"status": "fail", "points": fb[ex_id]["points"],
@@ -353,19 +274,9 @@ class Grader:
         return out
 
 
-def latest_by_student(results: list[ArchiveResult]) -> dict[str, ArchiveResult]:
-    """Each student's accepted archive received last (file time, then name): the stated policy."""
-    best: dict[str, ArchiveResult] = {}
-    for r in results:
-        if not r.student_id or r.rejected:
-            continue
-        key = (r.received, r.archive)
-        if r.student_id not in best or key > (best[r.student_id].received, best[r.student_id].archive):
-            best[r.student_id] = r
-    return best
-
-
 def main_grade(args) -> int:
+    if not Path(args.submissions).is_dir():
+        raise FileNotFoundError(f"no folder of submissions at {args.submissions}")
     roster = None
     if args.roster:
         from .identity import load_roster
@@ -391,8 +302,11 @@ def main_grade(args) -> int:
         from .nbgrader_bridge import export_csv, write_gradebook
 
         db = args.nbgrader or f"sqlite:///{(Path(args.out) / 'nbgrader' / 'gradebook.db').resolve()}"
-        write_gradebook(db, best, g.exercises, notebooks=args.notebooks)
-        print(f"scores written to nbgrader's gradebook {db}")
-        csv_path = export_csv(db, Path(args.out))
-        print(f"nbgrader export: {csv_path}")
+        try:
+            write_gradebook(db, best, g.exercises, notebooks=args.notebooks)
+            csv_path = export_csv(db, Path(args.out))
+        except Exception as err:  # noqa: BLE001 - nbgrader's failure, reported as such
+            print(f"attn-course: writing nbgrader's gradebook failed: {type(err).__name__}: {err}", file=sys.stderr)
+            return 1
+        print(f"scores written to nbgrader's gradebook {db}; nbgrader export: {csv_path}")
     return 0

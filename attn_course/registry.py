@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 

@@ -14,12 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 from .registry import Exercise
+from .results import atomic_write, latest_by_student, result_name
 from .text import csv_cell, md_code_block, md_inline
 
 
 def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False) -> None:
-    from .grade import atomic_write, latest_by_student
-
     best = latest_by_student(results)
     ids = [e.id for e in exercises]
     maxp = float(sum(e.points for e in exercises))
@@ -41,8 +40,6 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
     for sid, r in best.items():
         atomic_write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises))
     rejected = [r for r in results if r.rejected]
-    from .grade import result_name
-
     for r in rejected:
         name = result_name(Path(r.archive)).removesuffix(".json")
         atomic_write(out / "feedback" / "rejected" / f"{name}.md",
@@ -102,8 +99,6 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from .grade import atomic_write
 
     rejected = [r for r in results if r.rejected]
     n = len(exercises)

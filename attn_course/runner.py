@@ -20,8 +20,8 @@ from typing import Iterable
 from . import values
 from .registry import Case, Exercise
 from .sandbox import Limits
-from .scoring import Outcome
-from .server import Done, Line, ServerError, WorkerServer
+from .scoring import CaseResult, Outcome, grade
+from .server import Done, ServerError, WorkerServer
 
 START_GRACE_S = 20.0  # a job on a new server also pays for starting Python and importing JAX
 FIRST_EXERCISE_GRACE_S = 3.0  # the first exercise of a job also starts JAX's backend
@@ -163,6 +163,16 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         raw[culprit] = [verdict]
         remaining = [(ex, cases) for ex, cases in left if ex.id != culprit]
     return raw
+
+
+def run_and_grade(server: WorkerServer, files: dict[str, str],
+                  items: list[tuple[Exercise, list[Case], list[Outcome]]], hidden: bool, stubbed: set[str],
+                  limits: Limits, deadline: float | None = None,
+                  notebook: dict | None = None) -> dict[str, list[CaseResult]]:
+    """Run (exercise, cases, expected outcomes) in the worker and score each case: the one path
+    of ``check``, ``grade`` and the notebooks' grading."""
+    raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, deadline, notebook)
+    return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed) for e, cases, expected in items}
 
 
 # -- expected values (trusted side only) ----------------------------------------------

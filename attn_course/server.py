@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
@@ -56,6 +57,8 @@ class WorkerServer:
         self.proc: subprocess.Popen | None = None
         self._buf = b""
         self.starts = 0
+        self.closed = False  # after close() no new server starts (Ctrl-C, the end of a batch)
+        self._lock = threading.Lock()
 
     # -- life ---------------------------------------------------------------------
     def start(self) -> None:
@@ -78,31 +81,37 @@ class WorkerServer:
         raise ServerError("the worker server did not start")
 
     def ensure(self) -> None:
+        if self.closed:
+            raise ServerError("the grader is stopping")
         if self.proc is None or self.proc.poll() is not None:
             self.kill()
             self.start()
 
     def kill(self) -> None:
         """Stop the server and everything in its sandbox; the next job starts a new one."""
-        if self.proc is not None:
-            for kill in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), self.proc.kill):
+        with self._lock:
+            proc, self.proc = self.proc, None
+        if proc is not None:
+            for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
                 try:
                     kill()
                 except (ProcessLookupError, PermissionError, OSError):
                     pass
             try:
-                self.proc.wait(timeout=10)
+                proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-            for stream in (self.proc.stdin, self.proc.stdout):
+            for stream in (proc.stdin, proc.stdout):
                 try:
                     stream.close()
                 except OSError:
                     pass
-        self.proc = None
         self.sandbox.cleanup()
 
-    close = kill
+    def close(self) -> None:
+        """Stop for good: a job still waiting on this server fails at once."""
+        self.closed = True
+        self.kill()
 
     # -- jobs -----------------------------------------------------------------------
     def submit(self, job: dict) -> None:
@@ -116,6 +125,8 @@ class WorkerServer:
 
     def poll(self) -> list[Line | Done]:
         """What arrived since the last poll; raises :class:`ServerError` if the server broke."""
+        if self.proc is None:
+            raise ServerError("the worker server was stopped")
         out: list[Line | Done] = []
         while True:
             msg = self._message()
@@ -137,14 +148,15 @@ class WorkerServer:
 
     def _message(self):
         """The next whole message: 'ready', a Line, a Done, 'bad', or None for nothing yet."""
-        if self.proc is None:
+        proc = self.proc
+        if proc is None:
             return None
         if b"\n" not in self._buf:
             try:
-                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                chunk = os.read(proc.stdout.fileno(), 1 << 20)
             except BlockingIOError:
                 chunk = None
-            except OSError:
+            except (OSError, ValueError):
                 chunk = b""
             if chunk:
                 self._buf += chunk

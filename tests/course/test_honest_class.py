@@ -86,3 +86,42 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     env["ATTN_COURSE_SECRET"] = SECRET + "-rotated"
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert "0 already graded, 4 to grade" in r.stdout, r.stdout[-2000:]
+
+
+def test_ctrl_c_stops_within_seconds_and_keeps_finished_results(tmp_path):
+    """Two archives hang in every exercise; Ctrl-C while they run ends the command promptly."""
+    import signal
+    import time
+
+    from attn_course.sandbox import bwrap_works
+
+    if not bwrap_works():
+        pytest.skip("needs bubblewrap")
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    subs.mkdir()
+    ref = library_files(ROOT)
+    build_archive(subs / "a-honest.zip", "honest", ref, token=token_for("honest", SECRET))
+    hang = b"\nimport time\ndef zero_temperature_limit(S, mask=None):\n    time.sleep(10**6)\n"
+    for k in range(2):
+        files = {**ref, "attn_tensors/statmech.py": ref["attn_tensors/statmech.py"] + hang}
+        build_archive(subs / f"hang{k}.zip", f"hang{k}", files, token=token_for(f"hang{k}", SECRET))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", ATTN_COURSE_SECRET=SECRET,
+               PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
+                             "--exercises", "3.5", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:  # wait until the honest archive is done and the hanging ones run
+        seen.append(line)
+        if "a-honest.zip" in line:
+            break
+    time.sleep(2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[0]
+    stopped = time.monotonic() - t0
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert stopped < 25, stopped  # the hanging exercises' limit is 30 s: nobody waited for them
+    assert "interrupted" in rest
+    done = list((out / "results").glob("a-honest-*.json"))
+    assert done and not list((out / "results").glob("hang*.json"))

@@ -70,7 +70,8 @@ HOSTILE = {
                                      "        open(os.path.join(d or '.', 'sitecustomize.py'), 'w').write('import os; os._exit(9)')\n"
                                      "    except OSError:\n        pass\n"
                                      "return _wrong()"), ["3.2"]),
-    "a3_daemon": (_wrap("3.3", "import os, time\n"
+    "a3_daemon": (_wrap("3.3", "import os, time, subprocess\n"
+                               "subprocess.Popen(['sleep', '4343'], start_new_session=True)\n"
                                "if os.fork() == 0:\n"
                                "    os.setsid()\n"
                                "    if os.fork() == 0:\n"
@@ -249,7 +250,7 @@ def test_nothing_outlived_its_job(graded):
     import subprocess
 
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "attn_course.worker" not in ps
+    assert "sleep 4343" not in ps
     for leftover in ("/tmp/numpy_planted.py", "/tmp/daemon0", "/dev/shm/numpy_planted.py", "/tmp/fill"):
         assert not Path(leftover).exists(), leftover
     assert not (ROOT / "attn_course" / "sitecustomize.py").exists()

@@ -1,0 +1,95 @@
+"""What grading one archive gave, stored one file per archive, and which one counts.
+
+``GRADING/results/<name>.json`` holds an :class:`ArchiveResult`; it is
+written atomically (a temporary file, fsync, ``os.replace``) and read back
+only if it has this module's format, so a rerun resumes after an interrupt
+and never trusts a file it did not write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULT_FORMAT = 2
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+@dataclass
+class ArchiveResult:
+    """What grading one archive gave (stored as ``results/<archive>.json``)."""
+
+    archive: str
+    sha256: str
+    secret: str  # the secret's fingerprint
+    exercises: list[str]
+    received: float = 0.0  # the archive file's modification time (seconds since the epoch)
+    student_id: str | None = None
+    identity: str = ""  # "ok", or why the archive's claim of identity failed
+    rejected: str | None = None
+    error: bool = False  # the grader itself failed on this archive: retried on the next run
+    scores: dict[str, float] = field(default_factory=dict)
+    feedback: dict[str, dict] = field(default_factory=dict)
+    notebook_scores: dict[str, float] = field(default_factory=dict)
+    notebook_feedback: dict[str, dict] = field(default_factory=dict)
+    budget_spent: bool = False
+    sandbox: str = ""
+    seconds: float = 0.0
+    format: int = RESULT_FORMAT
+
+    @property
+    def total(self) -> float:
+        return sum(self.scores.values())
+
+    @classmethod
+    def load(cls, path: Path) -> "ArchiveResult | None":
+        """A stored result, or None if it is not one of ours (a rerun grades again)."""
+        try:
+            data = json.loads(Path(path).read_text())
+            if not isinstance(data, dict) or data.get("format") != RESULT_FORMAT:
+                return None
+            return cls(**data)
+        except (OSError, ValueError, TypeError, RecursionError):
+            return None
+
+
+def result_name(archive: Path) -> str:
+    """A file name for an archive's result that no archive name can bend."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", archive.stem)[:80]
+    return f"{stem}-{hashlib.sha256(archive.name.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}.json"
+
+
+def latest_by_student(results: list[ArchiveResult]) -> dict[str, ArchiveResult]:
+    """Each student's accepted archive received last (file time, then name): the stated policy."""
+    best: dict[str, ArchiveResult] = {}
+    for r in results:
+        if not r.student_id or r.rejected:
+            continue
+        key = (r.received, r.archive)
+        if r.student_id not in best or key > (best[r.student_id].received, best[r.student_id].archive):
+            best[r.student_id] = r
+    return best
+
+
