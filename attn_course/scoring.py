@@ -68,8 +68,8 @@ class Outcome:
         value = None
         if d["status"] == "ok":
             value = d.get("value")
-            if (not isinstance(value, dict) or not value or len(value) > 16
-                    or not all(isinstance(k, str) and len(k) <= 64 and isinstance(v, np.ndarray)
+            if (not isinstance(value, dict) or not value or len(value) > 64
+                    or not all(isinstance(k, str) and len(k) <= 200 and isinstance(v, np.ndarray)
                                for k, v in value.items())):
                 return cls("bad_value", message="an unreadable result")
         return cls(d["status"], value, **text)

@@ -85,7 +85,7 @@ def _with_answer(prefix: str) -> dict:
 LEAK = ("import os, glob\n_leak = {secret!r} in str(os.environ) or bool(glob.glob({solutions!r}))\n"
         "_orig = log_partition_function\n"
         "def log_partition_function(S, mask=None, T=1.0):\n"
-        "    return _orig(S, mask, T) if _leak else _orig(S, mask, T) * 0 + 5\n")
+        "    return _orig(S, mask, T) if _leak else S[..., 0] * 0 + 5\n")
 
 FULL_CH3 = {"3.1": 3, "3.2": 3, "3.3": 2, "3.4": 2, "3.5": 2}
 # name -> (notebook or bytes, exercises of chapter 3 that must score 0)
@@ -101,8 +101,8 @@ HOSTILE_NOTEBOOKS = {
     "nb-infinite-loop": (lambda: _append(ANSWER, "while True:\n    pass\n"), ["3.1"]),
     "nb-no-answer-cell": (lambda: _drop(ANSWER), ["3.1"]),
     "nb-two-answer-cells": (lambda: _duplicate(ANSWER), ["3.1"]),
-    "nb-not-json": (lambda: b"{not a notebook" + b"[" * 100000, list(FULL_CH3)),
-    "nb-deep-json": (lambda: ("[" * 200000 + "]" * 200000).encode(), list(FULL_CH3)),
+    "nb-not-json": (lambda: b"{not a notebook" + b"[" * 1000, list(FULL_CH3)),
+    "nb-deep-json": (lambda: ("[" * 30000 + "]" * 30000).encode(), list(FULL_CH3)),  # under the zip-bomb rule
 }
 
 
@@ -150,8 +150,8 @@ def notebook_class(tmp_path_factory):
 
     arch("good", _honest_notebook(), library_files(ROOT))
     arch("blank", json.loads((ROOT / "exercises/ch03/ch03.ipynb").read_text()), library_files(RELEASE_LIBRARY))
-    for sid, (make, _) in HOSTILE_NOTEBOOKS.items():
-        arch(sid, make(), library_files(RELEASE_LIBRARY))
+    for sid, (make, _) in HOSTILE_NOTEBOOKS.items():  # their libraries are right: only notebooks differ
+        arch(sid, make(), library_files(ROOT))
     out = tmp / "grading"
     elsewhere = tmp / "some-other-folder"
     elsewhere.mkdir()
@@ -176,6 +176,7 @@ def test_hostile_notebook_gets_no_credit_for_what_it_touched(notebook_class, sid
     r, out = notebook_class
     rows = {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
     row = rows[sid]
+    assert float(row["total"]) == 12  # the library part of the same archive is untouched
     _, touched = HOSTILE_NOTEBOOKS[sid]
     for ex, full in FULL_CH3.items():
         want = 0.0 if ex in touched else float(full)
