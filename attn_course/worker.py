@@ -392,7 +392,7 @@ def serve(scratch: str) -> int:
                 os.dup2(log, 2)
                 os.dup2(w, 3)
                 os.closerange(4, 4096)
-                os.chdir(work)
+                os.chdir("/")  # read-only (and never on sys.path: -I)
                 cpu = int(job.get("cpu_s", 120))
                 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
                 sys.stdin = open(os.devnull)
