@@ -54,16 +54,13 @@ class Mistake:
 
 
 def _label_chapter(label: str) -> int:
-    """The chapter a label lives in, from its infix (eq-attention-... is chapter 2); 0 if unknown."""
-    for ch, prefix in _LABEL_PREFIX.items():
-        if any(f"-{p}-" in f"-{label}-" for p in prefix):
-            return ch
-    return 0
+    """The chapter a label lives in, from its second word (eq-attention-... is chapter 2); 0 if unknown."""
+    parts = label.split("-")
+    return _LABEL_CHAPTER.get(parts[1], 0) if len(parts) > 1 else 0
 
 
-_LABEL_PREFIX = {1: ("foundations",), 2: ("attention",), 3: ("statmech",), 4: ("geometry",),
-                 5: ("gradients",), 6: ("multihead",), 7: ("variants",), 8: ("hopfield",),
-                 9: ("efficient",), 10: ("wx",)}
+_LABEL_CHAPTER = {"foundations": 1, "attention": 2, "statmech": 3, "geometry": 4, "gradients": 5,
+                  "multihead": 6, "variants": 7, "hopfield": 8, "efficient": 9, "wx": 10}
 
 
 def anchor(label: str, chapter: int) -> str:

@@ -99,6 +99,8 @@ def _diversity_with_diagonal(A):
          "You divided the sum over pairs h ≠ h' by H²: there are H(H − 1) such pairs.")
 def _diversity_by_h2(A):
     H = A.shape[-3]
+    if H == 1:
+        return jnp.zeros_like(A[..., 0, 0, 0])
     C = multihead.head_similarity_matrix(A)
     off = jnp.sum(C, axis=(-2, -1)) - jnp.trace(C, axis1=-2, axis2=-1)
     return 1.0 - off / float(H * H)
@@ -119,6 +121,8 @@ def _diversity_one_head(A):
          "the cosine, divided by both heads' norms, so that C^{hh} = 1.")
 def _diversity_gram(A):
     H = A.shape[-3]
+    if H == 1:
+        return jnp.zeros_like(A[..., 0, 0, 0])
     G = jnp.einsum("...hij,...gij->...hg", A, A)
     off = jnp.sum(G, axis=(-2, -1)) - jnp.trace(G, axis1=-2, axis2=-1)
     return 1.0 - off / float(H * (H - 1))

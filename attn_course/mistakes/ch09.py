@@ -29,8 +29,8 @@ def online_block(m, l, x, *, guard=True, rescale=True, stop=True):
 
 
 @mistake("9.1", "missing-inf-guard", "thm-efficient-online",
-         "A row with no finite entry yet gives nan: its m' is -inf and exp(-inf − (−inf)) = "
-         "exp(nan). Shift by m' only where it is finite (by 0 otherwise), so that masked "
+         "Your update gives nan on a row with no finite entry yet: its m' is -inf and "
+         "exp(-inf − (−inf)) = exp(nan). Shift by m' only where it is finite (by 0 otherwise), so that masked "
          "entries and empty rows contribute exp(-inf) = 0.")
 def _online_unguarded(m, l, x_new):
     return online_block(m, l, x_new, guard=False)
@@ -149,8 +149,8 @@ _lse_mistake("padded-with-zeros", "alg-efficient-flash-forward",
              "You padded the last block with zeros: a padding entry 0 adds exp(0 − m) to the sum. "
              "Pad with -inf, which adds nothing.", pad_value=0.0)
 _lse_mistake("missing-inf-guard", "thm-efficient-online",
-             "A block of only -inf (a masked start, a dead row) gives nan: exp(-inf − (−inf)). Shift "
-             "by the running maximum only where it is finite.", guard=False)
+             "Your result is nan after a block of only -inf (a masked start, a dead row): "
+             "exp(-inf − (−inf)). Shift by the running maximum only where it is finite.", guard=False)
 _lse_mistake("single-where", "thm-efficient-online",
              "Your values are right, but the gradient of a dead row is nan: where(l > 0, m + log l, "
              "-inf) still differentiates log 0. Take the log of a safe l (a 'double where').",
