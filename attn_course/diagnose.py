@@ -32,8 +32,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import values
-from .mistakes import Mistake, anchor, for_exercise
+from .mistakes import Mistake, anchor, catalogue, for_exercise
 from .registry import Case, Exercise
+
+
+__all__ = ["Diagnosis", "Kind", "catalogue", "diagnose", "wrong_outputs"]
 
 
 class Kind(str, Enum):
@@ -180,6 +183,10 @@ def _name(field: str) -> str:
     return "your result" if field == "value" else f"your {field}"
 
 
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def nice_factor(r: float) -> str | None:
     """``r`` (> 0) as ``n`` or ``√n`` for n = 2..64, or None if it is neither."""
     for n in range(2, 65):
@@ -234,33 +241,33 @@ def _symptom_of(ex: Exercise, field: str, g0: np.ndarray, e0: np.ndarray) -> Dia
     if g0.shape != e0.shape:
         if g0.ndim >= 2 and g0.shape == e0.shape[:-2] + e0.shape[-2:][::-1] and g0.dtype.kind == e0.dtype.kind:
             if close(np.swapaxes(g0, -1, -2), e0, *_match_tolerance(ex, e0)):
-                return _generic(ex, "transposed", f"{name.capitalize()} is transposed: its last two "
+                return _generic(ex, "transposed", f"{_cap(name)} is transposed: its last two "
                                 "axes are swapped (check which index each axis holds)", field)
-        return _generic(ex, "shape", f"{name.capitalize()} has shape {tuple(g0.shape)}, expected "
+        return _generic(ex, "shape", f"{_cap(name)} has shape {tuple(g0.shape)}, expected "
                         f"{tuple(e0.shape)}: check which axes you contract and which you keep", field)
     if g0.dtype != e0.dtype:
-        return _generic(ex, "dtype", f"{name.capitalize()} has dtype {g0.dtype}, expected {e0.dtype}",
+        return _generic(ex, "dtype", f"{_cap(name)} has dtype {g0.dtype}, expected {e0.dtype}",
                         field)
     if g0.dtype.kind == "b":
         return None
     g, e = _float(g0), _float(e0)
     if (np.isnan(g) & ~np.isnan(e)).any():
-        return _generic(ex, "nan", f"{name.capitalize()} contains nan where the answer is a number: "
+        return _generic(ex, "nan", f"{_cap(name)} contains nan where the answer is a number: "
                         "look for 0/0, inf - inf or log 0 (a fully masked row, a zero weight) and for "
                         "exp overflowing; guard them with a 'double where'", field)
     if (np.isinf(g) & np.isfinite(e)).any():
-        return _generic(ex, "inf", f"{name.capitalize()} is infinite where the answer is finite: exp "
+        return _generic(ex, "inf", f"{_cap(name)} is infinite where the answer is finite: exp "
                         "overflows (subtract the maximum first) or something is divided by 0", field)
     if g.ndim >= 2 and g.shape[-1] == g.shape[-2] and close(np.swapaxes(g, -1, -2), e, *_match_tolerance(ex, e)):
-        return _generic(ex, "transposed", f"{name.capitalize()} is transposed: its last two axes are "
+        return _generic(ex, "transposed", f"{_cap(name)} is transposed: its last two axes are "
                         "swapped (check which index each axis holds)", field)
     c = _factor(g, e)
     if c is not None:
         if math.isclose(c, -1.0, rel_tol=1e-7):
-            return _generic(ex, "sign", f"{name.capitalize()} has the wrong sign everywhere: a sign is "
+            return _generic(ex, "sign", f"{_cap(name)} has the wrong sign everywhere: a sign is "
                             "flipped", field)
         flip = " and has the wrong sign" if c < 0 else ""
-        return _generic(ex, "factor", f"{name.capitalize()} is {describe_factor(c)}{flip}: the right "
+        return _generic(ex, "factor", f"{_cap(name)} is {describe_factor(c)}{flip}: the right "
                         "values times a constant (a scale, a temperature or a normalisation is missing "
                         "or applied twice)", field)
     if e.ndim >= 1 and e.shape[-1] > 1 and np.isfinite(e).all() and (e >= 0).all():

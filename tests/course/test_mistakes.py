@@ -326,3 +326,70 @@ def test_no_hidden_number_in_a_message(exercise):
     # the catalogue's own messages are fixed text: the same on every case
     for m in for_exercise(exercise):
         assert not (set(re.findall(r"\d+\.\d+", m.message))), (m.key, m.message)
+
+
+# -- honesty: each switchboard with every switch off is the reference ------------------------------
+
+
+def _switchboards():
+    import jax.numpy as jnp
+
+    from attn_course.mistakes import _softmax, ch03, ch04, ch05, ch06, ch07, ch08, ch09
+    from attn_course.specs.ch04 import metric_field
+    from attn_tensors import flash, geometry, gradients, hopfield, kernel, multihead, statmech, variants
+    from attn_tensors.softmax import softmax_and_log_partition
+
+    def sm(S, mask, T):
+        return softmax_and_log_partition(S, mask, T)
+
+    return [
+        ("2.2", lambda i: _softmax.softmax(i["S"], i["mask"], i["T"]), lambda i: sm(i["S"], i["mask"], i["T"])),
+        ("3.2", lambda i: ch03._entropy(i["A"], i["mask"]), lambda i: statmech.entropy(i["A"], i["mask"])),
+        ("4.2", lambda i: ch04._christoffel(metric_field(*[i.get(k) for k in ("G0", "G1", "G2", "W0", "W1")]),
+                                            jnp.asarray(i["x"])),
+         lambda i: geometry.christoffel_symbols(metric_field(*[i.get(k) for k in ("G0", "G1", "G2", "W0", "W1")]),
+                                                jnp.asarray(i["x"]))),
+        ("5.1", lambda i: ch05._softmax_backward(i["A"], i["dL_dA"], i["T"]),
+         lambda i: gradients.softmax_backward(i["A"], i["dL_dA"], i["T"])),
+        ("5.3", lambda i: tuple(vars(ch05._backward(**i)).values()),
+         lambda i: tuple(gradients.attention_backward(**i))),
+        ("6.2", lambda i: ch06.forward(**i), lambda i: multihead.multihead_attention(**i)),
+        ("6.4", lambda i: ch06._backward(**i), lambda i: multihead.multihead_backward(**i)),
+        ("7.3", lambda i: ch07._relative(i["Q"], i["K"], i["R"], i["max_distance"], i["scale"]),
+         lambda i: variants.relative_position_scores(**i)),
+        ("8.2", lambda i: ch08._sweep(i["W"], i["s"], i["order"]),
+         lambda i: hopfield.classical_async_sweep(i["W"], i["s"], i["order"])),
+        ("8.3", lambda i: ch08._energy(i["xi"], i["X"], i["beta"], i["constants"]),
+         lambda i: hopfield.modern_energy(i["xi"], i["X"], i["beta"], constants=i["constants"])),
+        ("9.1", lambda i: ch09.online_block(i["m"], i["l"], i["x_new"]),
+         lambda i: flash.online_softmax_update(i["m"], i["l"], i["x_new"])),
+        ("9.3", lambda i: ch09._prf(i["X"], i["omega"], i["stabilize"]),
+         lambda i: kernel.positive_random_features(i["X"], i["omega"], stabilize=i["stabilize"])),
+        ("9.4", lambda i: ch09._lse(i["x"], i["block"]), lambda i: flash.online_logsumexp(i["x"], i["block"])),
+    ]
+
+
+@pytest.mark.parametrize("exercise, mine, reference", _switchboards(), ids=lambda x: x if isinstance(x, str) else "")
+def test_switchboards_default_to_the_reference(exercise, mine, reference):
+    """A wrong implementation is the right one with one switch turned: with none, it is the reference."""
+    import jax
+
+    from attn_course.worker import to_backend
+
+    checked = 0
+    for case in EXERCISES[exercise].make_cases():
+        inputs = to_backend(dict(case.inputs))
+        try:
+            want = reference(inputs)
+        except Exception:  # noqa: BLE001 - a case that must raise: nothing to compare
+            continue
+        got = jax.jit(lambda: mine(inputs))()
+        want = want if isinstance(want, tuple) else (want,)
+        got = got if isinstance(got, tuple) else (got,)
+        for w, g in zip(want, got):
+            if w is None:
+                assert g is None
+                continue
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-12)
+        checked += 1
+    assert checked
