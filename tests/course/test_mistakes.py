@@ -393,3 +393,15 @@ def test_switchboards_default_to_the_reference(exercise, mine, reference):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-12)
         checked += 1
     assert checked
+
+
+def test_a_nearly_right_answer_is_not_named_after_a_mistake_that_is_right_here():
+    """Matching is looser than grading; an entry equal to the answer on this case never matches."""
+    ex = EXERCISES["2.1"]
+    cases, refs = public("2.1")
+    case, expected = cases[0], _value(refs[0])  # default scale: no metric, so this entry is right
+    assert dg.close(wrong_outputs(ex, case)["metric-scaled-again"]["value"], expected["value"],
+                    ex.rtol, ex.atol)
+    got = {"value": expected["value"] * (1 + 1e-8)}
+    assert not dg.close(got["value"], expected["value"], ex.rtol, ex.atol)
+    assert diagnose(ex, case, got, expected) is None
