@@ -62,6 +62,11 @@ class Diagnosis:
     field: str = ""
     """The probe output it is about ("A", "d/dS"): the first that differs."""
 
+    def text(self, book: str = "") -> str:
+        """The message and where to read more: ``book`` is the book's base address, if any."""
+        where = f"{book.rstrip('/')}/{self.section}" if book else self.section
+        return f"{self.message} (see {where})"
+
 
 # -- reading outputs --------------------------------------------------------------
 

@@ -16,7 +16,7 @@ def softmax(S, mask=None, T=1.0, *, temperature="divide", shift=True, axis=-1, u
             dead_rows="guarded", add_back_max=True, additive_mask=False):
     """(A, log_Z) with one mistake switched on.
 
-    temperature: "divide" (S / T), "ignore" (S), "multiply" (S T).
+    temperature: "divide" (S / T), "ignore" (S), "multiply" (S T), "twice" (S / T^2).
     shift: subtract the row maximum before exp (False: exp(S) overflows).
     axis: the axis normalised over (-1: keys, the right one; -2: queries).
     use_mask: False ignores the mask.
@@ -28,7 +28,7 @@ def softmax(S, mask=None, T=1.0, *, temperature="divide", shift=True, axis=-1, u
     exp(-inf) = 0), so a nan made downstream is not stopped.
     """
     neg_inf = -jnp.inf
-    s = {"divide": S / T, "ignore": S, "multiply": S * T}[temperature]
+    s = {"divide": S / T, "ignore": S, "multiply": S * T, "twice": S / T / T}[temperature]
     m_ = mask if use_mask else None
     if m_ is not None:
         s = s + jnp.where(m_, 0.0, neg_inf) if additive_mask else jnp.where(m_, s, neg_inf)

@@ -31,6 +31,16 @@ def _scores_unscaled(Q, K, g=None, *, scale=None):
     return _scores(Q, K, g, scale=scale, default=lambda d: 1.0)
 
 
+@mistake("2.1", "K-not-transposed", "eq-attention-scores",
+         "You multiplied Q by K without transposing it (Q K instead of Q K^T): the scores pair "
+         "query i with key j through their common feature index a, S^{ij} = Q^{ia} K^{ja} / √d_k.")
+def _scores_k_untransposed(Q, K, g=None, *, scale=None):
+    if g is not None:
+        return bilinear.bilinear_form_batch(Q, jnp.swapaxes(K, -1, -2), g)
+    c = 1.0 / np.sqrt(Q.shape[-1]) if scale is None else scale
+    return jnp.matmul(Q, K) * c
+
+
 @mistake("2.1", "divided-by-d", "eq-attention-scores",
          "You divided the scores by d_k instead of √d_k: they are √d_k times too small.")
 def _scores_by_d(Q, K, g=None, *, scale=None):
@@ -70,6 +80,10 @@ _softmax_mistake("temperature-multiplied",
                  "You multiplied the scores by T instead of dividing: the softmax is of S/T "
                  "(a high temperature flattens the weights).",
                  "eq-statmech-gibbs", temperature="multiply")
+_softmax_mistake("temperature-twice",
+                 "You divided by T twice (S / T²), e.g. once in the scores and again in the "
+                 "softmax: the weights are softmax(S / T), with T applied once.",
+                 "eq-statmech-gibbs", temperature="twice")
 _softmax_mistake("wrong-axis",
                  "You normalised over the wrong axis (the queries): each query's weights over "
                  "the keys j, the last axis, must sum to one.",

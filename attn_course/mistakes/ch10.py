@@ -38,6 +38,9 @@ _gibbs_mistake("temperature-ignored", "eq-statmech-gibbs",
 _gibbs_mistake("temperature-multiplied", "eq-statmech-gibbs",
                "You multiplied the scores by T instead of dividing: a low temperature must sharpen "
                "the weights (towards the maximum), a high one flatten them.", temperature="multiply")
+_gibbs_mistake("temperature-twice", "eq-statmech-gibbs",
+               "You divided by T twice (S / T²): the weights are exp(S/T) / Z, with T applied once.",
+               temperature="twice")
 _gibbs_mistake("dead-row-nan", "rem-attention-fully-masked",
                "A fully masked row gives nan: its exps are all zero and you divided 0 by 0. Its "
                "weights are all 0.", dead_rows="none")

@@ -7,6 +7,8 @@ unchanged): ``PROPOSED`` maps an exercise id to a generator of extra cases,
 visible; once a chapter spec appends these cases, the entry is visible on
 the public cases themselves.
 
+* 2.1 ``K-not-transposed``: Q K instead of Q K^T only runs (and so only
+  shows as wrong values rather than an error) when n_k = d_k.
 * 3.4 ``one-pass-variance``: with scores near 1e4 and one weight near 1,
   the variance is exactly 0 either way; a large common offset with a
   spread of order 1 is where <S^2> - <S>^2 loses every digit.
@@ -16,6 +18,15 @@ from __future__ import annotations
 
 from ..registry import Case
 from ._gen import normal, sizes
+
+
+def _square_keys(rng, hidden):
+    n_q, d = sizes(rng, hidden, (3, 4))
+    return [
+        Case("square keys (n_k = d_k)", {"Q": normal(rng, n_q, d), "K": normal(rng, d, d), "g": None,
+                                         "scale": None},
+             f"K of shape ({d}, {d}): Q K and Q K^T have the same shape, so only the values tell them apart"),
+    ]
 
 
 def _heat_capacity_offset(rng, hidden):
@@ -29,5 +40,6 @@ def _heat_capacity_offset(rng, hidden):
 
 
 PROPOSED = {
+    "2.1": _square_keys,
     "3.4": _heat_capacity_offset,
 }

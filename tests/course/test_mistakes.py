@@ -86,7 +86,7 @@ def test_messages_are_fixed_second_person_text():
     for m in catalogue():
         assert re.search(r"\b[Yy]ou(r)?\b", m.message), (m.exercise, m.key)
         assert m.message.strip() == m.message and m.message.endswith((".", ")")), (m.exercise, m.key)
-        assert re.fullmatch(r"[a-z0-9]+(-[a-zA-Z0-9_]+)*", m.key), m.key
+        assert re.fullmatch(r"[A-Za-z0-9]+(-[A-Za-z0-9_]+)*", m.key), m.key
 
 
 # -- (b), (c), (d) every entry on the public cases ---------------------------------------------
@@ -257,6 +257,7 @@ def test_precomputed_catalogue_outputs():
     assert d.key == "missing-scale"
     d = diagnose(ex, case, outs["missing-scale"], ref, wrong={})
     assert d.kind == Kind.GENERIC and d.key == "factor"
+    assert d.text("https://book.example/").endswith(f"(see https://book.example/{d.section})")
 
 
 # -- (f) no hidden number in a message ----------------------------------------------------------
