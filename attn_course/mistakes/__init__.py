@@ -10,8 +10,21 @@ exercise's probe on the same inputs as a failing answer and reports the
 entry whose output the answer reproduces.
 
 Trusted side only: a wrong implementation may call the reference library
-(``attn_tensors`` with its solutions), so these modules never go to
-students, and messages are written here, never built from case data.
+(``attn_tensors`` with its solutions), and several are the right function
+with one switch turned (``_softmax.softmax``, ``ch05._backward``,
+``ch06.forward``, ``ch09.online_block``...), i.e. a solution with one line
+changed: these modules must never go to students.  A student-side check
+can still name mistakes from the catalogue's outputs on the public cases,
+computed here and shipped as data (``diagnose(..., wrong=...)``).  Messages
+are written here, never built from case data.
+
+Adding an entry: write the wrong implementation with the exercise
+function's signature (the same mistake only, everything else right),
+decorate it with ``@mistake(exercise, key, label, message)`` where
+``label`` is a ``:label:``, ``(label)=`` or ``$$ (label)`` of the book,
+and check that ``tests/course/test_mistakes.py -m exN_k`` passes: the
+mistake must show on a public case (else propose a case in
+``specs/proposed.py``) and be told apart from the exercise's other entries.
 """
 
 from __future__ import annotations

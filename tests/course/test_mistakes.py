@@ -406,3 +406,23 @@ def test_a_nearly_right_answer_is_not_named_after_a_mistake_that_is_right_here()
     got = {"value": expected["value"] * (1 + 1e-8)}
     assert not dg.close(got["value"], expected["value"], ex.rtol, ex.atol)
     assert diagnose(ex, case, got, expected) is None
+
+
+@pytest.mark.parametrize("exercise", ["3.2", "5.1"])
+def test_catalogue_diagnoses_of_hidden_cases_are_the_fixed_messages(exercise):
+    ex = EXERCISES[exercise]
+    cases = ex.make_cases(hidden=True, secret="x")
+    refs = reference_results(ex, cases)
+    named = 0
+    for case, ref in zip(cases, refs):
+        if _value(ref) is None:
+            continue
+        numbers = _input_numbers(case.inputs)
+        for m in for_exercise(exercise):
+            out = wrong_outputs(ex, case)[m.key]
+            d = None if out is None else diagnose(ex, case, out, _value(ref))
+            if d is not None and d.kind == Kind.CATALOGUE:
+                named += 1
+                assert d.message in {e.message for e in for_exercise(exercise)}
+                assert not set(re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", d.message)) & numbers
+    assert named
