@@ -41,6 +41,10 @@ _gibbs_mistake("temperature-multiplied", "eq-statmech-gibbs",
 _gibbs_mistake("temperature-twice", "eq-statmech-gibbs",
                "You divided by T twice (S / T²): the weights are exp(S/T) / Z, with T applied once.",
                temperature="twice")
+_gibbs_mistake("max-not-subtracted", "lem-statmech-shift",
+               "You took exp(S/T) without subtracting the row maximum: at a low temperature S/T is "
+               "large, exp overflows to inf and the weights are nan. Divide by T, then subtract "
+               "the maximum.", shift=False)
 _gibbs_mistake("dead-row-nan", "rem-attention-fully-masked",
                "A fully masked row gives nan: its exps are all zero and you divided 0 by 0. Its "
                "weights are all 0.", dead_rows="none")

@@ -12,6 +12,9 @@ the public cases themselves.
 * 3.4 ``one-pass-variance``: with scores near 1e4 and one weight near 1,
   the variance is exactly 0 either way; a large common offset with a
   spread of order 1 is where <S^2> - <S>^2 loses every digit.
+* 10.2 ``max-not-subtracted``: Example 2's scores (2, 1, 0) overflow
+  exp(S/T) only below T = 2/709; the public temperatures stop at 0.25 (the
+  hidden cases go to T = 0.01 with larger scores, so there it shows).
 """
 
 from __future__ import annotations
@@ -39,7 +42,18 @@ def _heat_capacity_offset(rng, hidden):
     ]
 
 
+def _cold_example2(rng, hidden):
+    import numpy as np
+
+    T = 1e-3 if not hidden else float(rng.uniform(5e-4, 2e-3))
+    return [
+        Case("Example 2, T=0.001", {"S": np.array([2.0, 1.0, 0.0]), "mask": None, "T": T},
+             "scores (2, 1, 0) at T = 0.001: exp(S/T) overflows unless the maximum is subtracted"),
+    ]
+
+
 PROPOSED = {
     "2.1": _square_keys,
     "3.4": _heat_capacity_offset,
+    "10.2": _cold_example2,
 }
