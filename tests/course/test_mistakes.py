@@ -24,12 +24,17 @@ from attn_course import diagnose as dg
 from attn_course.diagnose import Diagnosis, Kind, diagnose, wrong_outputs
 from attn_course.mistakes import catalogue, for_exercise
 from attn_course.registry import CHAPTERS, Case, Exercise, all_exercises
-from attn_course.runner import reference_results
+from attn_course.runner import reference_results as _reference_outcomes
 from attn_course.specs.proposed import PROPOSED
 
 ROOT = Path(__file__).resolve().parents[2]
 EXERCISES = all_exercises()
 _public: dict[str, tuple[list[Case], list[dict]]] = {}
+
+
+def reference_results(ex: Exercise, cases: list[Case]) -> list[dict]:
+    """The reference's outcomes as the worker reports them (plain dicts)."""
+    return [{"status": o.status, "value": o.value, "type": o.type} for o in _reference_outcomes(ex, cases)]
 
 
 def public(ex_id: str) -> tuple[list[Case], list[dict]]:

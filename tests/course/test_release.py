@@ -66,7 +66,7 @@ def test_hidden_cases_are_not_released():
     text = "\n".join(p.read_text() for p in (RELEASE_LIBRARY / "cases").glob("*.json"))
     for e in all_exercises().values():
         assert len(released[e.id]["cases"]) == len(e.make_cases(False)), e.id
-        for case in e.make_cases(True, secret()):
+        for case in e.make_cases(True, secret(allow_ci=True)):
             for name, v in case.inputs.items():
                 if hasattr(v, "size") and v.size >= 4 and v.dtype.kind == "f":
                     enc = json.dumps(values.encode(v)["data"][:4])[1:-1]
