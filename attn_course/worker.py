@@ -107,6 +107,8 @@ def _run_probe(fn: Any, probe: Any, inputs: dict[str, Any]) -> Any:
     args = to_backend(inputs)
     try:
         return jax.jit(lambda: probe(fn, **args))()
+    except NotImplementedError:
+        raise  # a stub says so at once, traced or not: no need to run it op by op
     except Exception:  # noqa: BLE001 - not traceable, or a real error: the eager run says which
         pass
     return probe(fn, **to_backend(inputs))
