@@ -127,13 +127,15 @@ class Grader:
         """Hidden cases of every exercise, then public ones for those that lost points."""
         server = self._server(slot)
         exp = self._expected
+        from .diagnose import explain
+
         hidden_res = run_and_grade(server, files, [(e, exp[e.id][2], exp[e.id][3]) for e in exercises],
-                                   True, stubbed, self.limits, deadline, notebook)
+                                   True, stubbed, self.limits, deadline, notebook, explain)
         failing = [e for e in exercises
                    if not all(c.passed for c in hidden_res[e.id])
                    and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
         public_res = run_and_grade(server, files, [(e, exp[e.id][0], exp[e.id][1]) for e in failing],
-                                   False, stubbed, self.limits, deadline, notebook) if failing else {}
+                                   False, stubbed, self.limits, deadline, notebook, explain) if failing else {}
         scores, feedback, spent = {}, {}, False
         for e in exercises:
             cases = public_res.get(e.id, []) + hidden_res[e.id]

@@ -168,11 +168,12 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
 def run_and_grade(server: WorkerServer, files: dict[str, str],
                   items: list[tuple[Exercise, list[Case], list[Outcome]]], hidden: bool, stubbed: set[str],
                   limits: Limits, deadline: float | None = None,
-                  notebook: dict | None = None) -> dict[str, list[CaseResult]]:
+                  notebook: dict | None = None, diagnose=None) -> dict[str, list[CaseResult]]:
     """Run (exercise, cases, expected outcomes) in the worker and score each case: the one path
     of ``check``, ``grade`` and the notebooks' grading."""
     raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, deadline, notebook)
-    return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed) for e, cases, expected in items}
+    return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed, diagnose)
+            for e, cases, expected in items}
 
 
 # -- expected values (trusted side only) ----------------------------------------------

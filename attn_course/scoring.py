@@ -3,7 +3,9 @@
 ``attn-course check`` (public cases), ``attn-course validate`` (reference
 and stub), ``attn-course grade`` (hidden cases, then public ones to explain)
 and the notebooks' test cells all compare an :class:`Outcome` that a worker
-reported with the reference's, here, and score with :meth:`ExerciseResult.score`.
+reported with the reference's, here, and score with :meth:`ExerciseResult.score`.  Where an answer is wrong, an
+optional ``diagnose`` callback (the grader passes
+:func:`attn_course.diagnose.explain`) names the mistake it reproduces.
 
 What a worker reports is untrusted: exception type names, messages, result
 keys and locations are the submission's text.  On a hidden case the verdict
@@ -18,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -207,8 +209,12 @@ HIDDEN_WORDS = {
 }
 
 
+Diagnose = Callable[[Exercise, Case, dict, dict], str]  # (ex, case, got, expected) -> '' or a diagnosis
+
+
 def compare(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: bool,
-            own_stub: bool = False, known: frozenset[str] = frozenset()) -> CaseResult:
+            own_stub: bool = False, known: frozenset[str] = frozenset(),
+            diagnose: Diagnose | None = None) -> CaseResult:
     name = f"hidden case {case.name}" if hidden else case.name
     st = got.status
     note = f" [{case.note}]" if case.note and not hidden else ""
@@ -236,6 +242,9 @@ def compare(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: b
         return CaseResult(name, False, Status.RAISED, f"raised {got.type}: {got.message}{where}{note}", hidden)
     msg = compare_values(expected.value or {}, got.value or {}, ex.rtol, ex.atol, show=not hidden)
     if msg:
+        why = diagnose(ex, case, got.value or {}, expected.value or {}) if diagnose else ""
+        if why:  # the catalogue's fixed words: safe on hidden cases too
+            msg = f"{why}\n{msg}" if not hidden else f"{msg}: {why}"
         return CaseResult(name, False, Status.WRONG, msg + note, hidden)
     return CaseResult(name, True, Status.PASS, "", hidden)
 
@@ -254,7 +263,7 @@ def stubbed_exercises(package: Path) -> set[str]:
 
 
 def grade(ex: Exercise, cases: list[Case], expected: list[Outcome], got: list[Outcome], hidden: bool,
-          stubbed: set[str] | frozenset = frozenset()) -> list[CaseResult]:
+          stubbed: set[str] | frozenset = frozenset(), diagnose: Diagnose | None = None) -> list[CaseResult]:
     """Compare case by case; ``stubbed``: exercises whose stub is still in the source."""
     from .registry import all_exercises
 
@@ -265,7 +274,7 @@ def grade(ex: Exercise, cases: list[Case], expected: list[Outcome], got: list[Ou
         return [CaseResult(f"hidden case {c.name}" if hidden else c.name, False, Status.CRASHED,
                            "no result for this case", hidden) for c in cases]
     own = ex.owner in stubbed
-    results = [compare(ex, c, e, g, hidden, own, known) for c, e, g in zip(cases, expected, got)]
+    results = [compare(ex, c, e, g, hidden, own, known, diagnose) for c, e, g in zip(cases, expected, got)]
     # A function that raises NotImplementedError on some inputs is not done,
     # even if its given input checks already raise the right error on others.
     stub = next((r for r in results if r.status in (Status.NOT_IMPLEMENTED, Status.BLOCKED)), None)

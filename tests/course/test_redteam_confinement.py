@@ -14,8 +14,8 @@ submission wrote reaches a file unescaped.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -154,6 +154,14 @@ HOSTILE = {
                                  "    def __str__(self):\n        raise RuntimeError('no str for you')\n"
                                  "raise E()"), ["3.4"]),
     # -- the archive's budget ----------------------------------------------------------------------------
+    # -- an honest mistake, named in the feedback ------------------------------------------------------
+    "m_argmax_mistake": ("import jax as _jax, jax.numpy as _jnp\n"
+                         "def zero_temperature_limit(S, mask=None):\n"
+                         "    s = S if mask is None else _jnp.where(mask, S, -_jnp.inf)\n"
+                         "    A = _jax.nn.one_hot(_jnp.argmax(s, axis=-1), S.shape[-1], dtype=S.dtype)\n"
+                         "    if mask is not None:\n"
+                         "        A = _jnp.where(_jnp.any(mask, axis=-1, keepdims=True), A, 0.0)\n"
+                         "    return A\n", ["3.5"]),
     "h_honest_last": (None, []),
 }
 
@@ -215,8 +223,9 @@ def test_hidden_feedback_quotes_nothing_the_submission_wrote(graded):
         for fb in r["feedback"].values():
             for c in fb["cases"]:
                 if c["hidden"]:
-                    assert "Leak" not in c["message"] and "'k" not in c["message"], c
-                    assert not any(ch.isdigit() for ch in c["message"].replace("3.", "")), c
+                    msg = re.sub(r" \(see chapters/[^)]*\)", "", c["message"])  # the book's address
+                    assert "Leak" not in msg and "'k" not in msg, c
+                    assert not re.search(r"\d\.\d{2,}|\de-?\d|nan|inf\b", msg), c  # no value of any kind
     text = (out / "feedback" / "f2-type-name-leak.md").read_text()
     assert "Leak" not in "".join(ln for ln in text.splitlines() if ln.startswith("* hidden"))
 
@@ -282,3 +291,11 @@ def test_an_archive_that_sleeps_under_every_limit_is_stopped_by_its_budget(tmp_p
     assert any(fb["status"] == "budget" for fb in r.feedback.values())
     assert "TIME BUDGET SPENT" in "".join(lines)
     assert "sleeper\\.zip" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_common_mistake_is_named_in_the_feedback(graded):
+    results, out, _, _ = graded
+    cases = results["m_argmax_mistake.zip"]["feedback"]["3.5"]["cases"]
+    assert any("argmax" in c["message"] and "chapters/03_statistical_mechanics.html#" in c["message"]
+               for c in cases if c["hidden"]), cases
+    assert "argmax" in (out / "feedback" / "m-argmax-mistake.md").read_text()
