@@ -114,32 +114,36 @@ def _run_probe(fn: Any, probe: Any, inputs: dict[str, Any]) -> Any:
     return probe(fn, **to_backend(inputs))
 
 
+def _text(err: BaseException) -> str:
+    """An exception's message, whatever its ``__str__`` does (it is the submission's)."""
+    try:
+        return str(err)[:MAX_MESSAGE]
+    except BaseException:  # noqa: BLE001
+        return "(its message cannot be printed)"
+
+
+def _failure(err: Exception) -> dict[str, Any]:
+    """The outcome of a case that raised ``err``."""
+    if isinstance(err, NotImplementedError):
+        return {"status": "not_implemented", "exercise": exercise_of_stub(_text(err)) or "",
+                "message": _text(err), "where": _where(err.__traceback__)}
+    if isinstance(err, NotPlainValue):
+        return {"status": "bad_value", "message": _text(err)}
+    if isinstance(err, RecursionError):
+        return {"status": "raised", "type": "RecursionError", "message": _text(err)}
+    if isinstance(err, OSError) and err.errno == 27:
+        err = OSError(27, "File too large: the file size limit stopped it (is something printing or writing too much?)")
+    return {"status": "raised", "type": type(err).__name__[:100], "message": _text(err),
+            "where": _where(err.__traceback__)}
+
+
 def evaluate(fn: Any, probe: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """One case: the probe's outputs as plain arrays, or what went wrong."""
     try:
         out = _run_probe(fn, probe, inputs)
         return {"status": "ok", "value": flatten(out)}
-    except NotImplementedError as err:
-        ex = exercise_of_stub(err)
-        return {
-            "status": "not_implemented",
-            "exercise": ex or "",
-            "message": str(err)[:MAX_MESSAGE],
-            "where": _where(err.__traceback__),
-        }
-    except NotPlainValue as err:
-        return {"status": "bad_value", "message": str(err)[:MAX_MESSAGE]}
-    except RecursionError as err:
-        return {"status": "raised", "type": "RecursionError", "message": str(err)[:MAX_MESSAGE]}
     except Exception as err:  # noqa: BLE001 - the submission's exception is data
-        if isinstance(err, OSError) and err.errno == 27:
-            err = OSError(27, "File too large: the file size limit stopped it (is something printing or writing too much?)")
-        return {
-            "status": "raised",
-            "type": type(err).__name__,
-            "message": str(err)[:MAX_MESSAGE],
-            "where": _where(err.__traceback__),
-        }
+        return _failure(err)
 
 
 def load_package(folder: str | Path) -> Any:
@@ -163,10 +167,58 @@ def resolve(function: str) -> Any:
     return getattr(importlib.import_module(f"attn_tensors.{module}"), name)
 
 
+class _ConcreteCheck(Exception):
+    """Stands for the library's AttentionInputError before the package is loaded."""
+
+
+def _concrete_check_type() -> type:
+    mod = sys.modules.get("attn_tensors._checks")
+    return getattr(mod, "AttentionInputError", _ConcreteCheck) if mod else _ConcreteCheck
+
+
+def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every case of an exercise: those that trace go into ONE XLA program.
+
+    Compiling dominates a worker's time, so the cases are traced together in
+    one ``jit`` (inputs as constants, as in :func:`_run_probe`), each inside
+    its own ``try``: a case that raises while tracing (a check that refuses
+    its input, a stub, code that cannot be traced) is left out of the
+    program and evaluated on its own by :func:`evaluate`, exactly as before.
+    """
+    import jax
+
+    if len(inputs) < 2:
+        return [evaluate(fn, probe, x) for x in inputs]
+    _CONCRETE_CHECK = _concrete_check_type()
+    args = [to_backend(x) for x in inputs]
+    traced: list[int] = []
+    refused: dict[int, Exception] = {}
+
+    def together():
+        outs = []
+        for i, a in enumerate(args):
+            try:
+                outs.append(probe(fn, **a))
+                traced.append(i)
+            except (NotImplementedError, _CONCRETE_CHECK) as err:
+                refused[i] = err  # raised on the concrete input: what an eager run raises too
+            except Exception:  # noqa: BLE001 - maybe a tracing artefact: this case runs on its own
+                pass
+        return outs
+
+    try:
+        outs = jax.jit(together)()
+        done = {i: {"status": "ok", "value": flatten(o)} for i, o in zip(traced, outs)}
+    except Exception:  # noqa: BLE001 - e.g. an output that is not an array: case by case
+        done, refused = {}, {}
+    done.update({i: _failure(err) for i, err in refused.items()})
+    return [done[i] if i in done else evaluate(fn, probe, x) for i, x in enumerate(inputs)]
+
+
 def _exercise_results(ex: Any, fn: Any, cases: list[dict], error: str | None) -> list[dict]:
     if error:
         return [{"status": "raised", "type": "ImportError", "message": error[:MAX_MESSAGE]}] * len(cases)
-    return [evaluate(fn, ex.probe, values.decode(case["inputs"])) for case in cases]
+    return evaluate_all(fn, ex.probe, [values.decode(case["inputs"]) for case in cases])
 
 
 class _Notebook:
