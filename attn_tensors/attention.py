@@ -16,7 +16,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import AttentionInputError, batch_shape, check_finite, require_match, require_ndim
+from ._checks import (
+    AttentionInputError,
+    batch_shape,
+    check_finite,
+    check_scores,
+    require_match,
+    require_ndim,
+)
 from .backend import Backend, namespace
 from .bilinear import bilinear_form_batch
 from .softmax import softmax_and_log_partition
@@ -93,7 +100,7 @@ def attention_weights(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
     xp = namespace(S, mask)
     S = xp.asarray(S)
     require_ndim(S, "S", "ij")
-    check_finite(xp, S=S)
+    check_scores(xp, S=S)
     return softmax_and_log_partition(S, mask, T, xp)[0]
 
 

@@ -29,9 +29,10 @@ import numpy as np
 from ._checks import (
     AttentionInputError,
     check_finite,
-    require_bool_mask,
+    batch_shape,
     require_match,
     require_ndim,
+    require_padding_mask,
     require_qkv,
 )
 from .attention import attention_scores, scaled_dot_product_attention
@@ -331,9 +332,8 @@ def linear_attention(
         "c", ("phi(Q)", "d_phi", phi_q.shape[-1]), ("phi(K)", "d_phi", phi_k.shape[-1])
     )
     if mask is not None:
-        mask = require_bool_mask(xp, mask)
-        require_ndim(mask, "mask", "j")
-        require_match("j", ("K", "n_k", n_k), ("mask", "n_k", mask.shape[-1]))
+        batch = batch_shape((Q, 2), (K, 2), (V, 2))
+        mask = require_padding_mask(xp, mask, n_k, batch, "linear_attention")
         # padded keys: phi(k_j) = 0, so they add nothing to either sum
         phi_k = xp.where(mask[..., None], phi_k, xp.zeros_like(phi_k))
     if not causal:
