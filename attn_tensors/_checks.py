@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, is_concrete
+from .backend import Backend, is_concrete, namespace
 
 __all__ = [
     "AttentionInputError",
@@ -60,9 +60,9 @@ def require_bool_mask(xp: Backend, mask: Any, name: str = "mask") -> Any:
     return mask
 
 
-# Position axes may be empty (no queries, no keys, no patterns); every other
-# named axis (features a b c d e, heads h, ...) must have at least one entry.
-_MAY_BE_EMPTY = frozenset("ijklmnst")
+# Position axes may be empty (no queries, no keys, no stored patterns); every
+# other named axis (features a b c d e, heads h, ...) needs at least one entry.
+_MAY_BE_EMPTY = frozenset(["i", "j", "k", "mu"])
 
 
 def require_ndim(x: Any, name: str, indices: str, extra_ok: bool = True) -> None:
@@ -182,12 +182,20 @@ def _values(x: Any) -> np.ndarray:
 
     Going through NumPy (not the backend) keeps the check out of any JAX
     trace: a concrete array captured by a jitted function stays concrete.
+    MLX's bfloat16 has no NumPy buffer format: it is read as float32.
     """
-    return np.asarray(x)
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError):
+        return np.asarray(x.astype(namespace(x).float32))
 
 
-def check_temperature(T: Any, xp: Backend | None = None) -> None:
-    """T must be a positive finite number (when its value is known)."""
+def check_temperature(T: Any, xp: Backend | None = None, like: Any = None) -> None:
+    """T must be a positive finite number (when its value is known).
+
+    With ``like`` (the scores), T must also be a normal number of their
+    dtype: a float32 T of 1e-40 is subnormal, and flushed to 0 by the CPU.
+    """
     if isinstance(T, (int, float)):
         bad = not (T > 0) or math.isinf(T) or math.isnan(T)
         value = T
@@ -202,6 +210,30 @@ def check_temperature(T: Any, xp: Backend | None = None) -> None:
             f"temperature T must be positive and finite; got T={value}. "
             "For the limits use zero_temperature_limit (T -> 0, argmax) or "
             "infinite_temperature_limit (T -> inf, uniform)."
+        )
+    dtype = getattr(like, "dtype", None)
+    if dtype is None:
+        return
+    try:
+        info = np.finfo(np.dtype(str(dtype).replace("mlx.core.", "")))
+    except (TypeError, ValueError):  # pragma: no cover - a dtype NumPy does not know
+        return
+    arr = np.asarray(value, dtype=np.float64)
+    if np.any(arr < info.tiny) or np.any(arr > info.max):
+        raise AttentionInputError(
+            f"temperature T={value} is outside the normal range of {dtype} "
+            f"({info.tiny:.3g} to {info.max:.3g}); use float64 scores, or "
+            "zero_temperature_limit / infinite_temperature_limit"
+        )
+    if not is_concrete(like) or like.size == 0:
+        return
+    S = np.abs(_values(like).astype(np.float64))
+    S_max = float(np.max(S, where=np.isfinite(S), initial=0.0))
+    if S_max / float(np.min(arr)) > info.max:
+        raise AttentionInputError(
+            f"scores divided by the temperature overflow {dtype}: max |S| = "
+            f"{S_max:.3g} and T = {float(np.min(arr)):.3g} give |S/T| > "
+            f"{info.max:.3g}; use float64, or zero_temperature_limit for T -> 0"
         )
 
 

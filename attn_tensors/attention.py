@@ -21,6 +21,7 @@ from ._checks import (
     batch_shape,
     check_finite,
     check_scores,
+    check_weights,
     require_match,
     require_ndim,
 )
@@ -110,6 +111,7 @@ def attention_output(A: Any, V: Any) -> Any:
     A, V = xp.floating(xp.asarray(A), xp.asarray(V))
     require_ndim(A, "A", "ij")
     require_ndim(V, "V", "jb")
+    check_weights(xp, A=A)
     ### BEGIN SOLUTION 2.3
     require_match("j", ("A", "n_k", A.shape[-1]), ("V", "n_k", V.shape[-2]))
     batch_shape((A, 2), (V, 2))

@@ -45,6 +45,7 @@ from ._checks import (
     AttentionInputError,
     batch_shape,
     check_finite,
+    check_scores,
     check_temperature,
     require_bool_mask,
     require_match,
@@ -118,6 +119,7 @@ def online_logsumexp(x: Any, block: int = 128) -> Any:
     xp = namespace(x)
     (x,) = xp.floating(xp.asarray(x))
     require_ndim(x, "x", "j")
+    check_scores(xp, x=x)
     block = int(block)
     if block < 1:
         raise AttentionInputError(f"block size must be >= 1; got block={block}")
@@ -296,7 +298,7 @@ def _prepare(xp: Backend, Q: Any, K: Any, V: Any, T: Any, scale: Any):
     Q, K, V = xp.floating(xp.asarray(Q), xp.asarray(K), xp.asarray(V))
     require_qkv(Q, K, V)
     check_finite(xp, Q=Q, K=K, V=V)
-    check_temperature(T, xp)
+    check_temperature(T, xp, Q)
     scale = 1.0 / float(np.sqrt(Q.shape[-1])) if scale is None else float(scale)
     return Q, K, V, scale
 

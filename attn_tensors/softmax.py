@@ -67,7 +67,7 @@ def softmax_and_log_partition(
     xp = xp or namespace(S, mask)
     (S,) = xp.floating(xp.asarray(S))
     check_scores(xp, S=S)
-    check_temperature(T, xp)
+    check_temperature(T, xp, S)
     mask = _mask_array(xp, mask, S)
     ### BEGIN SOLUTION 2.2
     neg_inf = xp.scalar(-float("inf"), S)
