@@ -219,7 +219,7 @@ def check_temperature(T: Any, xp: Backend | None = None, like: Any = None) -> No
     except (TypeError, ValueError):  # pragma: no cover - a dtype NumPy does not know
         return
     arr = np.asarray(value, dtype=np.float64)
-    if np.any(arr < info.tiny) or np.any(arr > info.max):
+    if np.any(arr < float(info.tiny)) or np.any(arr > float(info.max)):
         raise AttentionInputError(
             f"temperature T={value} is outside the normal range of {dtype} "
             f"({info.tiny:.3g} to {info.max:.3g}); use float64 scores, or "
@@ -229,7 +229,7 @@ def check_temperature(T: Any, xp: Backend | None = None, like: Any = None) -> No
         return
     S = np.abs(_values(like).astype(np.float64))
     S_max = float(np.max(S, where=np.isfinite(S), initial=0.0))
-    if S_max / float(np.min(arr)) > info.max:
+    if S_max / float(np.min(arr)) > float(info.max):
         raise AttentionInputError(
             f"scores divided by the temperature overflow {dtype}: max |S| = "
             f"{S_max:.3g} and T = {float(np.min(arr)):.3g} give |S/T| > "
