@@ -252,6 +252,7 @@ QKV_FUNCTIONS = {
     "rotary_attention": variants.rotary_attention,
     "two_simplicial_attention": lambda Q, K, V: variants.two_simplicial_attention(Q, K, K, V, V),
     "hopfield_attention": lambda Q, K, V: hopfield.hopfield_attention(Q, K, V, 1.0),
+    "alibi_attention": lambda Q, K, V: variants.alibi_attention(Q[None], K[None], V[None])[0],
 }
 
 
