@@ -290,9 +290,11 @@ def flash_attention(
 
     ``Q (..., n_q, d_k)``, ``K (..., n_k, d_k)``, ``V (..., n_k, d_v)``
     with broadcasting leading batch/head axes.  ``mask`` is a boolean
-    padding mask of shape ``(..., n_k)``: True for keys that may be attended
-    (a full ``(n_q, n_k)`` mask is O(n^2) memory by itself; use
-    :func:`attn_tensors.scaled_dot_product_attention` for that).
+    padding mask of shape ``(..., n_k)``: True for keys that may be attended,
+    its leading axes batch axes of Q, K, V.  A full ``(n_q, n_k)`` mask is
+    O(n^2) memory by itself and raises :class:`AttentionInputError`; use
+    ``causal=True`` or :func:`attn_tensors.scaled_dot_product_attention`.
+    ``n_k = 0`` gives fully masked rows (``O = 0``, ``L = -inf``).
     ``causal=True`` keeps keys ``j <= i + offset``, ``offset = n_k - n_q`` by
     default as in :func:`attn_tensors.masking.causal_mask`.  ``scale``
     replaces ``1/sqrt(d_k)``.
