@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, is_concrete
+from .backend import Backend, is_concrete, namespace
 
 __all__ = [
     "AttentionInputError",
@@ -23,8 +23,11 @@ __all__ = [
     "require_qkv",
     "require_match",
     "require_square",
+    "require_padding_mask",
     "check_temperature",
     "check_finite",
+    "check_scores",
+    "check_weights",
     "batch_shape",
 ]
 
@@ -57,8 +60,17 @@ def require_bool_mask(xp: Backend, mask: Any, name: str = "mask") -> Any:
     return mask
 
 
+# Position axes may be empty (no queries, no keys, no stored patterns); every
+# other named axis (features a b c d e, heads h, ...) needs at least one entry.
+_MAY_BE_EMPTY = frozenset(["i", "j", "k", "mu"])
+
+
 def require_ndim(x: Any, name: str, indices: str, extra_ok: bool = True) -> None:
-    """``x`` has at least ``len(indices)`` axes (more are leading batch axes)."""
+    """``x`` has at least ``len(indices)`` axes (more are leading batch axes).
+
+    Axes of positions (``i``, ``j``, ``k``, ...) may have size 0 (an empty
+    key axis is a fully masked row); a feature or head axis may not.
+    """
     n = len(indices)
     shape = tuple(getattr(x, "shape", ()))
     if len(shape) < n or (not extra_ok and len(shape) != n):
@@ -69,6 +81,12 @@ def require_ndim(x: Any, name: str, indices: str, extra_ok: bool = True) -> None
             + (", after any leading batch axes" if extra_ok else "")
             + f"); got shape {shape}"
         )
+    for letter, size in zip(indices, shape[len(shape) - n:]):
+        if size == 0 and letter not in _MAY_BE_EMPTY:
+            raise AttentionInputError(
+                f"{name} has an empty axis {letter} (size 0) in shape {shape}; "
+                f"index {letter} needs at least one entry"
+            )
 
 
 def require_match(index: str, *named: tuple[str, str, int]) -> None:
@@ -101,6 +119,34 @@ def require_qkv(Q: Any, K: Any, V: Any = None, v_index: str = "jb") -> tuple[int
         require_match("j", ("K", "n_k", K.shape[-2]), ("V", "n_k", V.shape[-2]))
         cores.append((V, 2))
     return batch_shape(*cores)
+
+
+def require_padding_mask(
+    xp: Backend, mask: Any, n_k: int, batch: tuple[int, ...], fname: str
+) -> Any:
+    """A boolean padding mask ``(..., n_k)`` whose leading axes are batch axes of ``batch``.
+
+    Functions that never form the scores (flash, linear attention) take one
+    "may attend" flag per key.  A per-query mask ``(n_q, n_k)`` would be read
+    as a batch of padding masks and change the output's shape; it is
+    refused by name instead.
+    """
+    mask = require_bool_mask(xp, mask)
+    require_ndim(mask, "mask", "j")
+    require_match("j", ("K", "n_k", n_k), ("mask", "n_k", mask.shape[-1]))
+    lead = tuple(mask.shape[:-1])
+    fits = len(lead) <= len(batch) and all(
+        m in (1, b) for m, b in zip(lead[::-1], batch[::-1])
+    )
+    if not fits:
+        raise AttentionInputError(
+            f"{fname} takes a padding mask (..., n_k) with one flag per key, whose "
+            f"leading axes are the batch axes {batch} of Q, K, V; got a mask of "
+            f"shape {tuple(mask.shape)}. A per-query (n_q, n_k) mask is not "
+            "supported here: use causal=True, or scaled_dot_product_attention "
+            "for a general mask."
+        )
+    return mask
 
 
 def require_square(g: Any, name: str, indices: str = "ab") -> None:
@@ -136,12 +182,20 @@ def _values(x: Any) -> np.ndarray:
 
     Going through NumPy (not the backend) keeps the check out of any JAX
     trace: a concrete array captured by a jitted function stays concrete.
+    MLX's bfloat16 has no NumPy buffer format: it is read as float32.
     """
-    return np.asarray(x)
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError):
+        return np.asarray(x.astype(namespace(x).float32))
 
 
-def check_temperature(T: Any, xp: Backend | None = None) -> None:
-    """T must be a positive finite number (when its value is known)."""
+def check_temperature(T: Any, xp: Backend | None = None, like: Any = None) -> None:
+    """T must be a positive finite number (when its value is known).
+
+    With ``like`` (the scores), T must also be a normal number of their
+    dtype: a float32 T of 1e-40 is subnormal, and flushed to 0 by the CPU.
+    """
     if isinstance(T, (int, float)):
         bad = not (T > 0) or math.isinf(T) or math.isnan(T)
         value = T
@@ -157,17 +211,72 @@ def check_temperature(T: Any, xp: Backend | None = None) -> None:
             "For the limits use zero_temperature_limit (T -> 0, argmax) or "
             "infinite_temperature_limit (T -> inf, uniform)."
         )
+    dtype = getattr(like, "dtype", None)
+    if dtype is None:
+        return
+    try:
+        info = np.finfo(np.dtype(str(dtype).replace("mlx.core.", "")))
+    except (TypeError, ValueError):  # pragma: no cover - a dtype NumPy does not know
+        return
+    arr = np.asarray(value, dtype=np.float64)
+    if np.any(arr < float(info.tiny)) or np.any(arr > float(info.max)):
+        raise AttentionInputError(
+            f"temperature T={value} is outside the normal range of {dtype} "
+            f"({info.tiny:.3g} to {info.max:.3g}); use float64 scores, or "
+            "zero_temperature_limit / infinite_temperature_limit"
+        )
+    if not is_concrete(like) or like.size == 0:
+        return
+    S = np.abs(_values(like).astype(np.float64))
+    S_max = float(np.max(S, where=np.isfinite(S), initial=0.0))
+    if S_max / float(np.min(arr)) > float(info.max):
+        raise AttentionInputError(
+            f"scores divided by the temperature overflow {dtype}: max |S| = "
+            f"{S_max:.3g} and T = {float(np.min(arr)):.3g} give |S/T| > "
+            f"{info.max:.3g}; use float64, or zero_temperature_limit for T -> 0"
+        )
 
 
-def check_finite(xp: Backend, **arrays: Any) -> None:
-    """No NaN or infinity in concrete inputs (named in the message)."""
+def _concrete(arrays: dict[str, Any]):
+    """(name, NumPy values) of the concrete arrays among ``arrays``."""
     for name, x in arrays.items():
         if x is None or not hasattr(x, "shape") or not is_concrete(x):
             continue
         values = _values(x)
+        if values.dtype.kind in "biu":
+            continue
+        yield name, values.astype(np.float64) if values.dtype.kind == "V" else values
+
+
+def check_finite(xp: Backend, **arrays: Any) -> None:
+    """No NaN or infinity in concrete inputs (named in the message)."""
+    for name, values in _concrete(arrays):
         if not np.all(np.isfinite(values)):
             n_bad = int(np.sum(~np.isfinite(values)))
             raise AttentionInputError(
                 f"{name} contains {n_bad} NaN or infinite value(s); "
                 "attention needs finite inputs (use a mask to exclude keys)"
+            )
+
+
+def check_scores(xp: Backend, **arrays: Any) -> None:
+    """Scores: no NaN and no +inf; -inf is allowed and means "may not attend" (a masked key)."""
+    for name, values in _concrete(arrays):
+        bad = np.isnan(values) | (values == np.inf)
+        if np.any(bad):
+            raise AttentionInputError(
+                f"{name} contains {int(np.sum(bad))} NaN or +inf value(s); scores "
+                "must be finite or -inf (-inf means 'may not attend', like a "
+                "False in the mask)"
+            )
+
+
+def check_weights(xp: Backend, **arrays: Any) -> None:
+    """Weights and distributions: finite and non-negative."""
+    check_finite(xp, **arrays)
+    for name, values in _concrete(arrays):
+        if np.any(values < 0):
+            raise AttentionInputError(
+                f"{name} contains {int(np.sum(values < 0))} negative value(s); "
+                "weights must be non-negative (a distribution over the keys j)"
             )

@@ -16,7 +16,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import AttentionInputError, batch_shape, check_finite, require_match, require_ndim
+from ._checks import (
+    AttentionInputError,
+    batch_shape,
+    check_finite,
+    check_scores,
+    check_weights,
+    require_match,
+    require_ndim,
+)
 from .backend import Backend, namespace
 from .bilinear import bilinear_form_batch
 from .softmax import softmax_and_log_partition
@@ -93,7 +101,7 @@ def attention_weights(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
     xp = namespace(S, mask)
     S = xp.asarray(S)
     require_ndim(S, "S", "ij")
-    check_finite(xp, S=S)
+    check_scores(xp, S=S)
     return softmax_and_log_partition(S, mask, T, xp)[0]
 
 
@@ -103,6 +111,7 @@ def attention_output(A: Any, V: Any) -> Any:
     A, V = xp.floating(xp.asarray(A), xp.asarray(V))
     require_ndim(A, "A", "ij")
     require_ndim(V, "V", "jb")
+    check_weights(xp, A=A)
     ### BEGIN SOLUTION 2.3
     require_match("j", ("A", "n_k", A.shape[-1]), ("V", "n_k", V.shape[-2]))
     batch_shape((A, 2), (V, 2))

@@ -122,7 +122,11 @@ class Backend:
                     dt = mx.float64
             return dt
         dt = jnp.result_type(*arrays)
-        return dt if jnp.issubdtype(dt, jnp.floating) else jnp.result_type(float)
+        if not jnp.issubdtype(dt, jnp.floating):
+            return jnp.result_type(float)
+        # float16 and bfloat16 are computed in float32 (what a CPU does anyway;
+        # XLA's CPU kernels reject some half-precision ops outright)
+        return jnp.promote_types(dt, jnp.float32)
 
     def default_float(self, like: Any = None, dtype: Any = None) -> Any:
         """The float dtype for a constructor: ``dtype``, else ``like``'s, else the default."""
@@ -139,6 +143,30 @@ class Backend:
         return x.dtype == (self.module.float64)
 
     # -- reductions and shape helpers with a uniform spelling ----------------
+    def max(self, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        """max over ``axis``; an empty axis gives -inf (the identity of max), not an error.
+
+        This is what makes a row with no keys (``n_k = 0``) a fully masked
+        row everywhere: its maximum is ``-inf`` like that of a masked row.
+        """
+        return self._reduce_or(self.module.max, -float("inf"), x, axis, keepdims)
+
+    def min(self, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        """min over ``axis``; an empty axis gives +inf (the identity of min)."""
+        return self._reduce_or(self.module.min, float("inf"), x, axis, keepdims)
+
+    def _reduce_or(self, f: Callable, identity: float, x: Any, axis: Any, keepdims: bool) -> Any:
+        shape = tuple(x.shape)
+        axes = range(len(shape)) if axis is None else (
+            (axis,) if isinstance(axis, int) else tuple(axis))
+        axes = sorted({a % len(shape) for a in axes}) if shape else []
+        if all(shape[a] > 0 for a in axes):
+            return f(x, axis=axis, keepdims=keepdims)
+        out = [1 if a in axes else n for a, n in enumerate(shape)] if keepdims else [
+            n for a, n in enumerate(shape) if a not in axes]
+        dt = x.dtype if self.module.issubdtype(x.dtype, self.module.floating) else None
+        return self.module.full(tuple(out), identity, dtype=dt or self.result_float(x))
+
     def swap_last(self, x: Any) -> Any:
         """Transpose the last two axes, leaving leading batch axes alone."""
         return self.module.swapaxes(x, -1, -2)

@@ -45,10 +45,12 @@ from ._checks import (
     AttentionInputError,
     batch_shape,
     check_finite,
+    check_scores,
     check_temperature,
     require_bool_mask,
     require_match,
     require_ndim,
+    require_padding_mask,
     require_qkv,
 )
 from .backend import Backend, namespace
@@ -117,6 +119,7 @@ def online_logsumexp(x: Any, block: int = 128) -> Any:
     xp = namespace(x)
     (x,) = xp.floating(xp.asarray(x))
     require_ndim(x, "x", "j")
+    check_scores(xp, x=x)
     block = int(block)
     if block < 1:
         raise AttentionInputError(f"block size must be >= 1; got block={block}")
@@ -295,7 +298,7 @@ def _prepare(xp: Backend, Q: Any, K: Any, V: Any, T: Any, scale: Any):
     Q, K, V = xp.floating(xp.asarray(Q), xp.asarray(K), xp.asarray(V))
     require_qkv(Q, K, V)
     check_finite(xp, Q=Q, K=K, V=V)
-    check_temperature(T, xp)
+    check_temperature(T, xp, Q)
     scale = 1.0 / float(np.sqrt(Q.shape[-1])) if scale is None else float(scale)
     return Q, K, V, scale
 
@@ -318,9 +321,11 @@ def flash_attention(
 
     ``Q (..., n_q, d_k)``, ``K (..., n_k, d_k)``, ``V (..., n_k, d_v)``
     with broadcasting leading batch/head axes.  ``mask`` is a boolean
-    padding mask of shape ``(..., n_k)``: True for keys that may be attended
-    (a full ``(n_q, n_k)`` mask is O(n^2) memory by itself; use
-    :func:`attn_tensors.scaled_dot_product_attention` for that).
+    padding mask of shape ``(..., n_k)``: True for keys that may be attended,
+    its leading axes batch axes of Q, K, V.  A full ``(n_q, n_k)`` mask is
+    O(n^2) memory by itself and raises :class:`AttentionInputError`; use
+    ``causal=True`` or :func:`attn_tensors.scaled_dot_product_attention`.
+    ``n_k = 0`` gives fully masked rows (``O = 0``, ``L = -inf``).
     ``causal=True`` keeps keys ``j <= i + offset``, ``offset = n_k - n_q`` by
     default as in :func:`attn_tensors.masking.causal_mask`.  ``scale``
     replaces ``1/sqrt(d_k)``.
@@ -333,11 +338,13 @@ def flash_attention(
     xp = namespace(Q, K, V, mask)
     Q, K, V, scale = _prepare(xp, Q, K, V, T, scale)
     n_q, n_k = Q.shape[-2], K.shape[-2]
+    batch = batch_shape((Q, 2), (K, 2), (V, 2))
     if mask is not None:
-        mask = require_bool_mask(xp, mask)
-        require_ndim(mask, "mask", "j")
-        require_match("j", ("K", "n_k", n_k), ("mask", "n_k", mask.shape[-1]))
+        mask = require_padding_mask(xp, mask, n_k, batch, "flash_attention")
     batch = batch_shape((Q, 2), (K, 2), (V, 2), *([(mask, 1)] if mask is not None else []))
+    if n_q == 0 or n_k == 0:
+        # Nothing to tile: no queries, or no keys (every row fully masked).
+        return _empty_attention(xp, Q, K, V, scale, T, batch, return_lse)
     bq, bk = max(1, min(int(block_q), n_q)), max(1, min(int(block_k), n_k))
     pad_q, pad_k = -n_q % bq, -n_k % bk
 
@@ -358,6 +365,18 @@ def flash_attention(
     O, L = _flash_core(xp, bool(causal), bq, bk, offset)(Qs, K, V, valid)
     O, L = O[..., :n_q, :], L[..., :n_q]
     return (O, L) if return_lse else O
+
+
+def _empty_attention(xp: Backend, Q, K, V, scale, T, batch, return_lse):
+    """O^{ib} and L^i when n_q = 0 or n_k = 0: empty, or 0 and -inf (fully masked rows)."""
+    n_q, d_v = Q.shape[-2], V.shape[-1]
+    # O^{ib} = sum over no keys = 0, written through Q and V so both stay in the graph
+    O = xp.einsum("...ia,...jb->...ib", Q[..., :, :0], V[..., :0, :]) * scale
+    O = xp.broadcast_to(O, batch + (n_q, d_v))
+    if not return_lse:
+        return O
+    L = xp.full(batch + (n_q,), -float("inf"), dtype=O.dtype)
+    return O, L
 
 
 # -- the framework's fused kernel ---------------------------------------------

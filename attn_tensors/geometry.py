@@ -36,6 +36,7 @@ from ._checks import (
     AttentionInputError,
     batch_shape,
     check_finite,
+    check_weights,
     require_match,
     require_ndim,
     require_square,
@@ -338,6 +339,7 @@ def fisher_information_logits(A: Any) -> Any:
     xp = namespace(A)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "j")
+    check_weights(xp, A=A)
     ### BEGIN SOLUTION 4.3
     n = A.shape[-1]
     eye = xp.eye(n, dtype=A.dtype)

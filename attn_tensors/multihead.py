@@ -37,7 +37,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import AttentionInputError, require_bool_mask, require_match, require_ndim
+from ._checks import (
+    AttentionInputError,
+    check_weights,
+    require_bool_mask,
+    require_match,
+    require_ndim,
+)
 from .attention import AttentionParts, attention_decomposition
 from .backend import Backend, namespace
 from .gradients import _sum_to_shape, attention_backward
@@ -385,11 +391,12 @@ def head_entropy(A: Any, mask: Any = None) -> Any:
     xp = namespace(A, mask)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "hij")
+    check_weights(xp, A=A)
     # H^{hi} = -sum_j A^{hij} log A^{hij}
     H_rows = entropy(A, mask)
     if mask is None:
-        # H^h = (1/n_q) sum_i H^{hi}
-        return xp.mean(H_rows, axis=-1)
+        # H^h = (1/n_q) sum_i H^{hi}  (0 for a head with no queries)
+        return xp.sum(H_rows, axis=-1) / max(H_rows.shape[-1], 1)
     live = xp.logical_not(fully_masked_rows(mask))
     live = xp.broadcast_to(live, tuple(H_rows.shape)).astype(A.dtype)
     n_live = xp.sum(live, axis=-1)
@@ -413,6 +420,7 @@ def head_similarity_matrix(A: Any) -> Any:
     xp = namespace(A)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "hij")
+    check_weights(xp, A=A)
     # G^{hg} = A^{hij} A^{gij}   (the Gram matrix of the flattened patterns)
     G = xp.einsum("...hij,...gij->...hg", A, A)
     # |A^h|^2 = A^{hij} A^{hij}
@@ -443,6 +451,7 @@ def head_diversity(A: Any) -> Any:
     xp = namespace(A)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "hij")
+    check_weights(xp, A=A)
     ### BEGIN SOLUTION 6.3
     H = A.shape[-3]
     if H == 1:  # a static shape, not a backend branch: no pairs, D = 0

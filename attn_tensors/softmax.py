@@ -10,6 +10,10 @@ Conventions (the same in every function of the library):
 * A **fully masked row** (a query that may attend to nothing) has weights all
   zero, output zero, log-partition ``-inf`` and entropy zero.  No NaN appears,
   in the forward pass or in gradients.
+* A score of ``-inf`` means "may not attend", exactly like a False in the
+  mask (``softmax(S + mask_to_bias(M)) == softmax(S, M)``); NaN or ``+inf``
+  scores raise :class:`AttentionInputError` (when the values are concrete).
+* A row with no keys at all (``n_k = 0``) is a fully masked row.
 * The maximum is subtracted before ``exp``: scores of +-1e4 in float32 give
   finite weights.  The partition function ``Z`` itself is never formed; its
   logarithm is computed by log-sum-exp.
@@ -21,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import AttentionInputError, check_temperature, require_bool_mask
+from ._checks import AttentionInputError, check_scores, check_temperature, require_bool_mask
 from .backend import Backend, namespace
 
 __all__ = ["softmax", "log_partition", "softmax_and_log_partition", "apply_mask"]
@@ -62,7 +66,8 @@ def softmax_and_log_partition(
     """
     xp = xp or namespace(S, mask)
     (S,) = xp.floating(xp.asarray(S))
-    check_temperature(T, xp)
+    check_scores(xp, S=S)
+    check_temperature(T, xp, S)
     mask = _mask_array(xp, mask, S)
     ### BEGIN SOLUTION 2.2
     neg_inf = xp.scalar(-float("inf"), S)

@@ -342,3 +342,16 @@ def test_mlx_parity_every_public_function():
     assert type(om_m).__module__.startswith("mlx")
     assert_close(om_m, draw_random_features(5, 6, 3), "mlx")
     assert len(names) == 8
+
+
+def test_random_feature_error_float32_far_apart_queries():
+    """random_feature_error in float32 with |q| ~ 30: finite, and the float64 value to 1e-3.
+
+    It stabilises each query row by its own maximum (performer_feature_maps);
+    with one maximum over all rows, most query rows underflowed to 0.
+    """
+    rng = np.random.default_rng(5)
+    Q, K, V = 30 * rng.standard_normal((6, 4)), 30 * rng.standard_normal((7, 4)), rng.standard_normal((7, 3))
+    want = to_np(random_feature_error(Q, K, V, [8], 0, n_draws=2))
+    got = to_np(random_feature_error(*(jnp.asarray(x, jnp.float32) for x in (Q, K, V)), [8], 0, n_draws=2))
+    np.testing.assert_allclose(got, want, rtol=1e-3)

@@ -36,6 +36,7 @@ from ._checks import (
     AttentionInputError,
     batch_shape,
     check_finite,
+    check_weights,
     require_match,
     require_ndim,
     require_square,
@@ -314,6 +315,7 @@ def fisher_information_logits(A: Any) -> Any:
     xp = namespace(A)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "j")
+    check_weights(xp, A=A)
     raise NotImplementedError('Exercise 4.3: implement fisher_information_logits (Fisher information of the softmax); run `attn-course check 4.3`')
 
 

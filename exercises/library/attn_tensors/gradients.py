@@ -34,6 +34,7 @@ import numpy as np
 from ._checks import (
     AttentionInputError,
     check_temperature,
+    check_weights,
     require_match,
     require_ndim,
 )
@@ -113,6 +114,7 @@ def softmax_jacobian(A: Any, T: Any = 1.0) -> Any:
     xp = namespace(A)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "ij")
+    check_weights(xp, A=A)
     check_temperature(T, xp)
     raise NotImplementedError('Exercise 5.2: implement softmax_jacobian (The softmax Jacobian); run `attn-course check 5.2`')
 
@@ -131,6 +133,7 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
     require_ndim(dL_dA, "dL_dA", "ij")
     require_match("i", ("A", "n_q", A.shape[-2]), ("dL_dA", "n_q", dL_dA.shape[-2]))
     require_match("j", ("A", "n_k", A.shape[-1]), ("dL_dA", "n_k", dL_dA.shape[-1]))
+    check_weights(xp, A=A)
     check_temperature(T, xp)
     raise NotImplementedError('Exercise 5.1: implement softmax_backward (The softmax backward pass); run `attn-course check 5.1`')
 

@@ -29,9 +29,10 @@ import numpy as np
 from ._checks import (
     AttentionInputError,
     check_finite,
-    require_bool_mask,
+    batch_shape,
     require_match,
     require_ndim,
+    require_padding_mask,
     require_qkv,
 )
 from .attention import attention_scores, scaled_dot_product_attention
@@ -46,6 +47,7 @@ __all__ = [
     "elu_plus_one",
     "draw_random_features",
     "positive_random_features",
+    "performer_feature_maps",
     "linear_attention",
     "random_feature_error",
 ]
@@ -190,7 +192,7 @@ def draw_random_features(
     return xp.asarray(omega, dtype=dtype)
 
 
-def positive_random_features(X: Any, omega: Any, *, stabilize: bool = True) -> Any:
+def positive_random_features(X: Any, omega: Any, *, stabilize: bool | str = True) -> Any:
     """phi(x)^c = exp(omega^{ca} x'_a - |x'|^2/2) / sqrt(m),  x' = x / d_k^{1/4}  (FAVOR+).
 
     ``X (..., n, d_k)``, ``omega (m, d_k)``; returns ``(..., n, m)``.  With
@@ -202,14 +204,41 @@ def positive_random_features(X: Any, omega: Any, *, stabilize: bool = True) -> A
     (over its rows and features) before ``exp``: all of that element's
     features get one common factor, which cancels between numerator and
     denominator of linear attention, but not in ``phi(q).phi(k)`` itself --
-    pass ``stabilize=False`` for the unbiased kernel estimate.
+    pass ``stabilize=False`` for the unbiased kernel estimate.  That is the
+    stabiliser for the *keys*, whose factor must be common to all ``j``.
+
+    ``stabilize="rows"`` subtracts each row's own largest exponent
+    ``max_c u^{ic}``: the stabiliser for the *queries*.  Row ``i``'s factor
+    cancels exactly in its own numerator and denominator, and no row
+    underflows to zero however far its exponents sit below the other rows'
+    (with the common maximum, a float32 query row whose exponents lie 100
+    below it comes back as zeros).  :func:`linear_attention` takes the pair
+    ``(phi_q, phi_k)`` for this; :func:`random_feature_error` uses it.
     """
+    if stabilize not in (True, False, "rows"):
+        raise AttentionInputError(
+            f"stabilize must be True, False or 'rows'; got stabilize={stabilize!r}"
+        )
     xp = namespace(X, omega)
     X, omega = xp.floating(xp.asarray(X), xp.asarray(omega))
     require_ndim(X, "X", "a")
     require_ndim(omega, "omega", "ca", extra_ok=False)
     require_match("a", ("omega", "d_k", omega.shape[-1]), ("X", "d_k", X.shape[-1]))
     raise NotImplementedError('Exercise 9.3: implement positive_random_features (Positive random features); run `attn-course check 9.3`')
+
+
+def performer_feature_maps(omega: Any) -> tuple[Callable, Callable]:
+    """(phi_q, phi_k): positive random features stabilised per query row and per key set.
+
+    ``phi_q(X) = positive_random_features(X, omega, stabilize="rows")`` and
+    ``phi_k(X) = positive_random_features(X, omega)``: the pair
+    :func:`linear_attention` needs for FAVOR+, where each stabilising factor
+    cancels exactly (a query row's in its own ratio, the keys' common one in
+    every ratio).
+    """
+    phi_q = functools.partial(positive_random_features, omega=omega, stabilize="rows")
+    phi_k = functools.partial(positive_random_features, omega=omega)
+    return phi_q, phi_k
 
 
 # -- linear attention --------------------------------------------------------------
@@ -286,7 +315,11 @@ def linear_attention(
 
     ``feature_map`` maps ``(..., n, d_k)`` to positive features
     ``(..., n, d_phi)`` (e.g. :func:`elu_plus_one`, or
-    ``functools.partial(positive_random_features, omega=omega)``).  Cost
+    ``functools.partial(positive_random_features, omega=omega)``), or is a
+    pair ``(phi_q, phi_k)`` of maps for the queries and the keys: a query
+    row may carry any positive factor of its own (it cancels in its ratio),
+    the keys only one factor common to all ``j``.  For positive random
+    features the pair is :func:`performer_feature_maps`.  Cost
     O(n d_phi d_v): the n x n matrix is never formed.
 
     ``mask`` is a boolean padding mask ``(..., n_k)`` (True = may attend):
@@ -308,14 +341,14 @@ def linear_attention(
     require_qkv(Q, K, V)
     check_finite(xp, Q=Q, K=K, V=V)
     n_q, n_k = Q.shape[-2], K.shape[-2]
-    phi_q, phi_k = feature_map(Q), feature_map(K)
+    map_q, map_k = feature_map if isinstance(feature_map, tuple) else (feature_map,) * 2
+    phi_q, phi_k = map_q(Q), map_k(K)
     require_match(
         "c", ("phi(Q)", "d_phi", phi_q.shape[-1]), ("phi(K)", "d_phi", phi_k.shape[-1])
     )
     if mask is not None:
-        mask = require_bool_mask(xp, mask)
-        require_ndim(mask, "mask", "j")
-        require_match("j", ("K", "n_k", n_k), ("mask", "n_k", mask.shape[-1]))
+        batch = batch_shape((Q, 2), (K, 2), (V, 2))
+        mask = require_padding_mask(xp, mask, n_k, batch, "linear_attention")
         # padded keys: phi(k_j) = 0, so they add nothing to either sum
         phi_k = xp.where(mask[..., None], phi_k, xp.zeros_like(phi_k))
     if not causal:
@@ -370,10 +403,7 @@ def random_feature_error(
     seeds = _numpy_rng(key).integers(2**63, size=(len(m_list), int(n_draws)))
 
     def error(Q, K, V, O, omega):
-        def phi(X):
-            return positive_random_features(X, omega)
-
-        diff = linear_attention(Q, K, V, phi) - O
+        diff = linear_attention(Q, K, V, performer_feature_maps(omega)) - O
         return xp.sqrt(xp.sum(diff * diff)) / xp.sqrt(xp.sum(O * O))
 
     error = xp.compile(error)  # one compilation per m instead of one per op

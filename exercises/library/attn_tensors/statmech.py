@@ -24,8 +24,9 @@ quantities (``log Z``, ``F``, ``H``, ``<E>``, ``C``) drop the key axis.
 names :func:`zero_temperature_limit` and :func:`infinite_temperature_limit`.
 
 Masks are boolean "may attend" arrays broadcasting against ``S`` (see
-:mod:`attn_tensors.softmax`).  Scores must be finite; exclude keys with the
-mask, not with ``-inf``.  A **fully masked row** (a system with no states) has
+:mod:`attn_tensors.softmax`).  A score of ``-inf`` is a masked key; NaN or
+``+inf`` scores, and NaN, infinite or negative weights ``A``/``p``, raise
+:class:`AttentionInputError`.  A **fully masked row** (a system with no states) has
 
     A = 0,  log Z = -inf,  F = +inf,  H = 0,  <E> = 0,  Var(E) = C = 0,
     exp(H) -> 0 states,  normalized entropy 0,  both limits 0,
@@ -52,7 +53,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import AttentionInputError, check_finite, check_temperature, require_ndim
+from ._checks import (
+    AttentionInputError,
+    check_scores,
+    check_temperature,
+    check_weights,
+    require_ndim,
+)
 from .backend import Backend, namespace
 from .softmax import _mask_array, softmax_and_log_partition
 
@@ -85,8 +92,22 @@ _INF = float("inf")
 def _scores(xp: Backend, S: Any, name: str = "S") -> Any:
     (S,) = xp.floating(xp.asarray(S))
     require_ndim(S, name, "j")
-    check_finite(xp, **{name: S})
+    if name == "E":  # an energy of +inf is a score of -inf
+        check_scores(xp, **{"-E": -S})
+    else:
+        check_scores(xp, **{name: S})
     return S
+
+
+def _fold_neg_inf(xp: Backend, m: Any, S: Any) -> tuple[Any, Any]:
+    """A score of -inf is a masked key: (mask and S > -inf, S with those entries 0).
+
+    Afterwards every allowed score is finite, so no 0 * inf appears in the
+    weighted sums (nor in their gradients).
+    """
+    finite = S > -_INF
+    m = finite if m is None else xp.logical_and(m, finite)
+    return m, xp.where(finite, S, xp.zeros_like(S))
 
 
 def _allowed(xp: Backend, mask: Any, X: Any) -> Any:
@@ -113,8 +134,8 @@ class _Gibbs(NamedTuple):
 def _gibbs(S: Any, mask: Any, T: Any) -> _Gibbs:
     xp = namespace(S, mask, T)
     S = _scores(xp, S)
-    check_temperature(T, xp)
-    m = _mask_array(xp, mask, S)
+    check_temperature(T, xp, S)
+    m, S = _fold_neg_inf(xp, _mask_array(xp, mask, S), S)
     S_allowed = S if m is None else xp.where(m, S, xp.scalar(-_INF, S))
     # M^i = max_j S^{ij} over allowed keys; T > 0, so max_j S^{ij}/T = M^i/T.
     # A constant for autodiff: every formula below holds for any shift M.
@@ -126,7 +147,10 @@ def _gibbs(S: Any, mask: Any, T: Any) -> _Gibbs:
     alive = xp.isfinite(log_Zs)
     # double where: dead rows get a harmless 0 here and their value later
     log_Zs = xp.where(alive, log_Zs, xp.zeros_like(log_Zs))
-    mean_D = xp.sum(A * D, axis=-1, keepdims=True)
+    # sum_j A^{ij} D^{ij} over the keys of positive weight only: a key of
+    # weight 0 may have D/T = -inf, and 0 * inf is NaN in the gradient
+    D_seen = xp.where(A > 0, D, xp.zeros_like(D))
+    mean_D = xp.sum(A * D_seen, axis=-1, keepdims=True)
     return _Gibbs(xp, A, log_Zs, M, D, mean_D, alive, T)
 
 
@@ -154,7 +178,7 @@ def _expected_energy(g: _Gibbs) -> Any:
     return -(g.M + g.mean_D)[..., 0]
 
 
-def _energy_variance(g: _Gibbs) -> Any:
+def _energy_variance(g: _Gibbs, T: Any = 1.0) -> Any:
     raise NotImplementedError('Exercise 3.4: implement heat_capacity (Heat capacity); run `attn-course check 3.4`')
 
 
@@ -211,7 +235,7 @@ def infinite_temperature_limit(S: Any, mask: Any = None) -> Any:
     """
     xp = namespace(S, mask)
     S = _scores(xp, S)
-    m = _mask_array(xp, mask, S)
+    m, S = _fold_neg_inf(xp, _mask_array(xp, mask, S), S)
     allowed = _allowed(xp, m, S).astype(S.dtype)
     n = xp.sum(allowed, axis=-1, keepdims=True)
     return allowed / xp.where(n > 0, n, xp.ones_like(n))
@@ -275,6 +299,7 @@ def entropy(A: Any, mask: Any = None) -> Any:
     xp = namespace(A, mask)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "j")
+    check_weights(xp, A=A)
     m = _mask_array(xp, mask, A)
     return _weight_entropy(xp, A, m)[0]
 
@@ -305,6 +330,7 @@ def normalized_entropy(A: Any, mask: Any = None) -> Any:
     xp = namespace(A, mask)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "j")
+    check_weights(xp, A=A)
     m = _mask_array(xp, mask, A)
     raise NotImplementedError('Exercise 10.4: implement normalized_entropy (Normalized entropy under a mask); run `attn-course check 10.4`')
 
@@ -318,6 +344,7 @@ def effective_number_of_states(A: Any, mask: Any = None) -> Any:
     xp = namespace(A, mask)
     (A,) = xp.floating(xp.asarray(A))
     require_ndim(A, "A", "j")
+    check_weights(xp, A=A)
     m = _mask_array(xp, mask, A)
     H, keep = _weight_entropy(xp, A, m)
     occupied = xp.any(keep, axis=-1)
@@ -360,9 +387,10 @@ def variational_free_energy(p: Any, S: Any, mask: Any = None, T: Any = 1.0) -> A
         raise AttentionInputError(
             f"p has n_k={p.shape[-1]} but S has n_k={S.shape[-1]} (index j must match)"
         )
-    check_finite(xp, S=S, p=p)
-    check_temperature(T, xp)
-    m = _mask_array(xp, mask, S)
+    check_scores(xp, S=S)
+    check_weights(xp, p=p)
+    check_temperature(T, xp, S)
+    m, S = _fold_neg_inf(xp, _mask_array(xp, mask, S), S)
     allowed = _allowed(xp, m, S)
     support = p > 0
     keep = xp.logical_and(support, allowed)
@@ -408,14 +436,13 @@ def temperature_sweep(S: Any, temperatures: Any, mask: Any = None) -> Temperatur
         raise AttentionInputError(
             f"temperatures must be a non-empty 1-D list; got shape {tuple(temps.shape)}"
         )
-    check_temperature(temps, xp)
+    check_temperature(temps, xp, S)
     m = _mask_array(xp, mask, S)
     out_ndim = len(_allowed(xp, m, S).shape)
     # T_t broadcast as (n_T, 1, ..., 1): a new leading axis t
     T = xp.reshape(temps, (temps.shape[0],) + (1,) * out_ndim)
     g = _gibbs(S, m, T)
-    T_row = _row(T)
-    C = _energy_variance(g) / (T_row * T_row)
+    C = _energy_variance(g, g.T)
     return TemperatureSweep(
         temps, g.A, _entropy(g), _free_energy(g), _expected_energy(g), C
     )

@@ -495,6 +495,11 @@ def alibi_attention(
     )
     Q, K, V = _qkv(xp, Q, K, V)
     n_heads, n_q, n_k, d_k = Q.shape[-3], Q.shape[-2], K.shape[-2], Q.shape[-1]
+    if n_q == 0 or n_k == 0:
+        # no (i, j) pairs: no bias and no causal mask to build; the empty
+        # scores give no rows, or fully masked rows (O = 0)
+        S = xp.einsum("...ia,...ja->...ij", Q, K)
+        return _softmax_output(xp, S, V.astype(S.dtype), mask, T)
     B = alibi_bias(n_heads, n_q, n_k, like=Q)
     # S^{hij} = Q^{hia} K^{hja} / sqrt(d_k) + B^{hij}
     S = xp.einsum("...ia,...ja->...ij", Q, K) * _default_scale(d_k, scale) + B
