@@ -13,7 +13,8 @@ fresh child per job.  A :class:`Sandbox` says how that server is started:
     grader's user can read: the grader warns.
 ``Bubblewrap``
     the grading sandbox.  Everything is read-only (the system, the Python
-    environment, the course tooling bound at a neutral path); the only writable places are a size-capped ``/tmp`` tmpfs and a
+    environment, the worker's few course modules bound at a neutral path:
+    not the grader, not the mistakes catalogue); the only writable places are a size-capped ``/tmp`` tmpfs and a
     size-capped private ``/dev/shm``, both emptied after every job (a server
     that cannot empty them exits, and the next one starts pristine).  The
     grader's XLA compilation cache is not there: its programs embed the
@@ -32,6 +33,7 @@ tooling is the only thing put on the path, read-only.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -46,6 +48,33 @@ from typing import Protocol
 from . import ROOT
 
 COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and nothing else
+
+# What a worker imports of the course: nothing of the trusted side (the
+# mistakes catalogue is the reference with one switch turned; the grader,
+# its reports and identity code have no business there).
+WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py")
+_STAGED: dict[str, str] = {}
+
+
+def worker_course() -> str:
+    """A read-only copy of the modules a worker needs (made once per process), to bind into a sandbox."""
+    source = ROOT / "attn_course"
+    if str(source) not in _STAGED:
+        dest = Path(tempfile.mkdtemp(prefix="attn-worker-course-")) / "attn_course"
+        (dest / "specs").mkdir(parents=True)
+        for name in WORKER_MODULES:
+            shutil.copyfile(source / name, dest / name)
+        for spec in sorted((source / "specs").glob("*.py")):
+            if spec.name != "proposed.py":
+                shutil.copyfile(spec, dest / "specs" / spec.name)
+        for path in [dest / "specs", dest]:
+            for f in path.glob("*.py"):
+                os.chmod(f, 0o444)
+            os.chmod(path, 0o555)
+        os.chmod(dest.parent, 0o755)
+        _STAGED[str(source)] = str(dest)
+        atexit.register(_rmtree, str(dest.parent))
+    return _STAGED[str(source)]
 
 
 @dataclass(frozen=True)
@@ -216,7 +245,7 @@ class Bubblewrap:
                 binds += ["--ro-bind", path, path]
         for path in sorted({sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}):
             binds += ["--ro-bind", path, path]
-        binds += ["--ro-bind", str(ROOT / "attn_course"), f"{COURSE_IN_SANDBOX}/attn_course"]
+        binds += ["--ro-bind", worker_course(), f"{COURSE_IN_SANDBOX}/attn_course"]
         size = str(self.limits.scratch_mb * 2**20)
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds

@@ -125,6 +125,16 @@ HOSTILE = {
                                                       "    paths += glob.glob('/tmp/pytest-of-*/**/results/*.json', recursive=True)\n"
                                                       f"    paths += glob.glob({str(ROOT / 'solutions' / '*' / '*.ipynb')!r})\n"
                                                       "    return any(os.path.exists(p) for p in paths)\n"), ["3.4"]),
+    "d5_trusted_modules": (_wrap("3.5", IF_LEAK, "def _leak():\n"
+                                                "    import importlib\n"
+                                                "    for m in ('attn_course.mistakes', 'attn_course.diagnose', 'attn_course.grade',\n"
+                                                "              'attn_course.runner', 'attn_course.identity'):\n"
+                                                "        try:\n"
+                                                "            importlib.import_module(m)\n"
+                                                "            return True\n"
+                                                "        except ImportError:\n"
+                                                "            pass\n"
+                                                "    return False\n"), ["3.5"]),
     # -- the server and the results channel ----------------------------------------------------
     "e1_kill_server": (_wrap("3.5", "import os, signal\nfor pid in (os.getppid(), 1):\n"
                                     "    try:\n        os.kill(pid, signal.SIGKILL)\n"
