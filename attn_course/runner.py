@@ -146,8 +146,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 verdict = Outcome.failure("budget", "stopped: the archive's time budget was spent")
             else:
                 time.sleep(0.01)
-        if verdict is not None:
-            server.kill()
+        if verdict is not None or (done is not None and not done.clean):
+            server.kill()  # a new, pristine server for what follows
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
         if not left:
             break

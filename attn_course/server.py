@@ -9,8 +9,8 @@ stdin and stdout only (no shared folder):
 * from the server: ``{"ready": true}``, then per job ``{"out": LINE}`` for
   each line the job wrote to its results channel (LINE is the job's text,
   carried as a JSON string: it cannot forge a message of the server), and
-  ``{"done": status, "tail": LAST_OUTPUT_LINE}`` when the job is gone and
-  the sandbox is clean again.
+  ``{"done": status, "tail": LAST_OUTPUT_LINE, "clean": bool}`` when the job
+  is gone (``clean``: the sandbox is clean again; if not, the server ends).
 
 Anything else (a line that is not JSON, a message of another shape, too much
 data) means the server is broken: it is killed, and the next job starts a
@@ -45,10 +45,12 @@ class Line:
 
 @dataclass(frozen=True)
 class Done:
-    """The job is over: its exit status and the last line it printed (untrusted)."""
+    """The job is over: its exit status, the last line it printed (untrusted), and
+    whether the sandbox is clean again (if not, the server is ending: do not reuse it)."""
 
     status: int
     tail: str
+    clean: bool = True
 
 
 class WorkerServer:
@@ -173,7 +175,7 @@ class WorkerServer:
             return "ready"
         if isinstance(obj, dict) and set(obj) == {"out"} and isinstance(obj["out"], str):
             return Line(obj["out"])
-        if (isinstance(obj, dict) and set(obj) == {"done", "tail"} and type(obj["done"]) is int
-                and isinstance(obj["tail"], str)):
-            return Done(obj["done"], obj["tail"][:400])
+        if (isinstance(obj, dict) and set(obj) == {"done", "tail", "clean"} and type(obj["done"]) is int
+                and isinstance(obj["tail"], str) and type(obj["clean"]) is bool):
+            return Done(obj["done"], obj["tail"][:400], obj["clean"])
         return "bad"

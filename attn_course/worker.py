@@ -22,7 +22,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -323,28 +322,35 @@ def _write_package(files: dict[str, str], dest: Path) -> None:
         target.write_text(source)
 
 
+def _remove(path: str) -> None:
+    """Remove a file or a whole folder, even one whose permissions the job took away."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        try:
+            os.chmod(path, 0o700)
+            entries = os.listdir(path)
+        except OSError:
+            entries = []
+        for entry in entries:
+            _remove(os.path.join(path, entry))
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def _empty(folder: str) -> bool:
     """Remove everything in ``folder``; True when it is empty afterwards."""
-    for entry in os.listdir(folder):
-        path = os.path.join(folder, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            for root, dirs, _ in os.walk(path):
-                for d in dirs:
-                    try:
-                        os.chmod(os.path.join(root, d), 0o700)
-                    except OSError:
-                        pass
-            try:
-                os.chmod(path, 0o700)
-            except OSError:
-                pass
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-    return not os.listdir(folder)
+    try:
+        for entry in os.listdir(folder):
+            _remove(os.path.join(folder, entry))
+        return not os.listdir(folder)
+    except (OSError, RecursionError):
+        return False
 
 
 def _kill_others(in_pid_namespace: bool, child: int) -> bool:
@@ -482,7 +488,7 @@ def serve(scratch: str) -> int:
         os.close(r)
         tail = _last_line(work / "output.log")
         clean = _empty(scratch) and (shm is None or _empty(shm)) and clean
-        send({"done": os.waitstatus_to_exitcode(status), "tail": tail})
+        send({"done": os.waitstatus_to_exitcode(status), "tail": tail, "clean": clean})
         if not clean:
             return 3  # something of the job would outlive it: a new sandbox for the next one
     return 0
