@@ -130,6 +130,8 @@ def block(p: BlockParams, X: Any, mask: Any = None) -> tuple[Any, Any]:
 
 
 class ModelOutput(NamedTuple):
+    """What :func:`forward` returns: logits, attention weights, residual stream."""
+
     logits: Any  # logits^{iv}  (..., n, vocab)
     attention: list  # one A^{hij} (..., H, n, n) per block
     residual: list  # the residual stream X^{id} before each block, then after the last
