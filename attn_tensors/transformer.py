@@ -187,7 +187,7 @@ def init_params(
     keys = iter(jax.random.split(key, 4 + 6 * n_blocks))
 
     def normal(shape, fan_in=1):
-        return jax.random.normal(next(keys), shape, dtype) / np.sqrt(fan_in)
+        return jax.random.normal(next(keys), shape, dtype) / float(np.sqrt(fan_in))
 
     ones, zeros = jnp.ones(d_model, dtype), jnp.zeros(d_model, dtype)
     blocks = [
