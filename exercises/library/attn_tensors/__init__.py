@@ -18,6 +18,7 @@ module                    book part
 ``hopfield``              VIII Hopfield networks
 ``kernel``                IX   Kernel regression and linear attention
 ``flash``                 IX   Online softmax and flash attention
+``transformer``           VI, X  A minimal transformer block, trained in Part X
 ``backend``               the one adapter between JAX and MLX
 ========================  ==============================================
 
@@ -44,7 +45,7 @@ __version__ = "0.1.0"
 _SUBMODULES = {
     "attention", "backend", "bilinear", "einsum", "experiments", "flash",
     "geometry", "gradients", "hopfield", "kernel", "masking", "multihead",
-    "softmax", "statmech", "variants",
+    "softmax", "statmech", "transformer", "variants",
 }
 
 
