@@ -78,12 +78,13 @@ class Grader:
 
     # -- expected values, computed once, here ---------------------------------------
     def prepare(self) -> None:
-        from .xla_cache import cache_dir
+        from .xla_cache import worker_cache_dir
 
         for e in self.exercises:
             public, hidden = e.make_cases(False), e.make_cases(True, self.secret)
-            self._expected[e.id] = (public, reference_results(e, public), hidden, reference_results(e, hidden))
-        self.cache = cache_dir()
+            self._expected[e.id] = (public, reference_results(e, public, worker_cache=True),
+                                    hidden, reference_results(e, hidden, worker_cache=True))
+        self.cache = worker_cache_dir()
 
     def _server(self, slot: int) -> WorkerServer:
         if slot not in self._servers:

@@ -179,14 +179,26 @@ def run_and_grade(server: WorkerServer, files: dict[str, str],
 # -- expected values (trusted side only) ----------------------------------------------
 
 
-def reference_results(ex: Exercise, cases: Iterable[Case]) -> list[Outcome]:
-    """The reference library's outcomes, computed in this (trusted) process."""
+def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = False) -> list[Outcome]:
+    """The reference library's outcomes, computed in this (trusted) process.
+
+    Computed exactly as a worker computes a submission's (one program for
+    the cases, :func:`attn_course.worker.evaluate_all`); with
+    ``worker_cache`` the programs also fill the workers' compilation cache.
+    """
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from .worker import evaluate, resolve
-    from .xla_cache import enable_compile_cache
+    from .worker import evaluate_all, resolve
+    from .xla_cache import cache_dir, enable_compile_cache, worker_cache_dir, worker_keys
 
-    enable_compile_cache()
     fn = resolve(ex.function)
-    return [Outcome.from_dict(values.decode(values.encode(evaluate(fn, ex.probe, c.inputs)))) for c in cases]
+    if worker_cache:
+        enable_compile_cache(worker_cache_dir())
+        with worker_keys():
+            raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases])
+        enable_compile_cache(cache_dir())
+    else:
+        enable_compile_cache()
+        raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases])
+    return [Outcome.from_dict(values.decode(values.encode(r))) for r in raw]

@@ -19,7 +19,9 @@ fresh child per job.  A :class:`Sandbox` says how that server is started:
     that cannot empty them exits, and the next one starts pristine).  The
     grader's XLA compilation cache is not there: its programs embed the
     hidden cases' inputs (and folded outputs) as constants, and a shared
-    writable cache would let one job plant programs for the next.  No
+    writable cache would let one job plant programs for the next; only the
+    workers' cache is there, read-only and not listable
+    (:func:`attn_course.xla_cache.worker_cache_dir`).  No
     network, its own pid namespace, no capabilities, no new user namespaces,
     uid 1000.  No folder of the grader is bound writable: jobs come in and
     results go out over the server's pipes.  The reference library, the
@@ -93,9 +95,10 @@ class Limits:
 
 def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     """The whole environment of a worker: nothing of the grader's."""
+    from .xla_cache import WORKER_XLA_FLAGS
+
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0",
-           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0", "XLA_FLAGS": WORKER_XLA_FLAGS}
     if cache is not None:
         env["ATTN_COURSE_CACHE"] = str(cache)
     return env
@@ -246,6 +249,8 @@ class Bubblewrap:
         for path in sorted({sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}):
             binds += ["--ro-bind", path, path]
         binds += ["--ro-bind", worker_course(), f"{COURSE_IN_SANDBOX}/attn_course"]
+        if self.cache is not None:  # the workers' own cache (see xla_cache.worker_cache_dir)
+            binds += ["--ro-bind", str(self.cache), str(self.cache)]
         size = str(self.limits.scratch_mb * 2**20)
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds
@@ -253,13 +258,13 @@ class Bubblewrap:
                 "--die-with-parent", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
                 "--size", size, "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
                 "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/", "--clearenv"]
-        for k, v in worker_env("/tmp", None).items():
+        for k, v in worker_env("/tmp", self.cache).items():
             argv += ["--setenv", k, v]
         return argv
 
     def server_command(self):
         argv = _launcher(self.limits, False, self.cgroup) + self.bwrap_argv() + _server_argv(COURSE_IN_SANDBOX, "/tmp")
-        return argv, worker_env("/tmp", None)
+        return argv, worker_env("/tmp", self.cache)
 
     def cleanup(self) -> None:
         _kill_cgroup(self.cgroup)

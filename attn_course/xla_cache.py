@@ -29,3 +29,39 @@ def enable_compile_cache(path: Path | str | None = None) -> None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# The XLA flags of every worker (one thread each).  They are part of JAX's
+# cache key, so the trusted side uses them too when it fills the workers' cache.
+WORKER_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def worker_cache_dir() -> Path:
+    """The compilation cache that workers read: written only by the trusted side.
+
+    It holds the programs of the reference's own probes (on the cases of the
+    class), so a submission whose program is the reference's loads it
+    instead of compiling.  Its folder is not listable (mode 0311) and is bound
+    read-only into the sandbox: a job can open an entry only by its key, a
+    hash of the very program it would compile, so the cache tells it nothing
+    that its own code does not, and no job can plant an entry for another.
+    """
+    path = cache_dir().parent / "worker-xla"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o311)
+    return path
+
+
+class worker_keys:
+    """Within this block, programs compiled here are cached under the workers' keys."""
+
+    def __enter__(self):
+        self.saved = os.environ.get("XLA_FLAGS")
+        os.environ["XLA_FLAGS"] = WORKER_XLA_FLAGS
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = self.saved

@@ -104,9 +104,12 @@ HOSTILE = {
                                             "        except OSError:\n            pass\n"
                                             "    return False\n"), ["3.1"]),
     "d2_compile_cache": (_wrap("3.2", IF_LEAK, "import os, glob\ndef _leak():\n"
-                                              "    pats = ['/root/.cache/attn-course/*/*', os.path.expanduser('~/.cache/attn-course/*/*'),\n"
-                                              "            '/home/*/.cache/attn-course/*/*', '/tmp/*/xla/*']\n"
-                                              "    return any(glob.glob(p) for p in pats) or bool(os.environ.get('ATTN_COURSE_CACHE'))\n"),
+                                              "    dirs = ['/root/.cache/attn-course', os.path.expanduser('~/.cache/attn-course'),\n"
+                                              "            os.environ.get('ATTN_COURSE_CACHE', '/nonexistent')]\n"
+                                              "    for d in dirs:\n"
+                                              "        for root, _, files in os.walk(d):\n"
+                                              "            if files:\n                return True  # the grader's programs, listed\n"
+                                              "    return bool(glob.glob('/home/*/.cache/attn-course/*/*'))\n"),
                          ["3.2"]),
     "d3_network": (_wrap("3.3", IF_LEAK, "import socket\ndef _leak():\n"
                                         "    for addr in [('1.1.1.1', 53), ('8.8.8.8', 53), ('10.0.0.1', 80)]:\n"
