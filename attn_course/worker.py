@@ -343,12 +343,45 @@ def _remove(path: str) -> None:
             pass
 
 
-def _empty(folder: str) -> bool:
-    """Remove everything in ``folder``; True when it is empty afterwards."""
+def _snapshot(folder: str) -> dict[str, int]:
+    """Every path under ``folder`` with its mode, not descending into mount points.
+
+    The sandbox's ``/tmp`` may hold the folders that lead to a read-only bind
+    (a Python environment or a clone that lives under ``/tmp``): those are
+    the server's, recorded before any job, and restored after each.
+    """
+    found: dict[str, int] = {}
+
+    def walk(path: str) -> None:
+        for entry in os.listdir(path):
+            p = os.path.join(path, entry)
+            found[p] = os.lstat(p).st_mode
+            if os.path.isdir(p) and not os.path.islink(p) and not os.path.ismount(p):
+                walk(p)
+
+    walk(folder)
+    return found
+
+
+def _empty(folder: str, keep: dict[str, int] | None = None) -> bool:
+    """Remove everything in ``folder`` but the paths in ``keep`` (with their modes restored);
+    True when exactly those are left."""
+    keep = keep or {}
     try:
-        for entry in os.listdir(folder):
-            _remove(os.path.join(folder, entry))
-        return not os.listdir(folder)
+        def clean(path: str) -> None:
+            for entry in os.listdir(path):
+                p = os.path.join(path, entry)
+                if p not in keep:
+                    _remove(p)
+                    continue
+                if os.path.isdir(p) and not os.path.islink(p):
+                    os.chmod(p, 0o700 | keep[p])
+                    if not os.path.ismount(p):
+                        clean(p)
+                    os.chmod(p, keep[p] & 0o7777)
+
+        clean(folder)
+        return _snapshot(folder) == keep
     except (OSError, RecursionError):
         return False
 
@@ -425,6 +458,7 @@ def serve(scratch: str) -> int:
     os.dup2(devnull, 2)
     in_pid_namespace = os.getpid() <= 3
     shm = "/dev/shm" if in_pid_namespace and os.path.isdir("/dev/shm") else None
+    keep = _snapshot(scratch)  # the mount points' parents, if a bind lives under it
 
     def send(msg: dict) -> None:
         control_out.write(json.dumps(msg) + "\n")
@@ -487,7 +521,7 @@ def serve(scratch: str) -> int:
         clean = _kill_others(in_pid_namespace, pid)
         os.close(r)
         tail = _last_line(work / "output.log")
-        clean = _empty(scratch) and (shm is None or _empty(shm)) and clean
+        clean = _empty(scratch, keep) and (shm is None or _empty(shm)) and clean
         send({"done": os.waitstatus_to_exitcode(status), "tail": tail, "clean": clean})
         if not clean:
             return 3  # something of the job would outlive it: a new sandbox for the next one

@@ -89,10 +89,13 @@ HOSTILE = {
                                      "    except OSError:\n        pass\n"
                                      "raise ValueError('filled')"), ["3.5"]),
     "b_honest_after_planters": (None, []),
-    "c1_spy_leftovers": (_wrap("3.4", IF_LEAK, "import os\ndef _leak():\n"
-                                              "    junk = [p for p in os.listdir('/tmp') if p != 'job'] + os.listdir('/dev/shm')\n"
-                                              "    procs = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]\n"
-                                              "    return bool(junk or procs or os.path.exists(os.getcwd() + '/numpy_planted.py'))\n"),
+    "c1_spy_leftovers": (_wrap("3.4", IF_LEAK, "import os, glob\ndef _leak():\n"
+                                              "    planted = ['/tmp/numpy_planted.py', '/tmp/locked', '/dev/shm/numpy_planted.py',\n"
+                                              "               '/dev/shm/locked', '/tmp/fill', '/dev/shm/fill', '/numpy_planted.py']\n"
+                                              "    if any(os.path.lexists(p) for p in planted) or glob.glob('/tmp/daemon*'):\n"
+                                              "        return True\n"
+                                              "    return any(p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())\n"
+                                              "               for p in os.listdir('/proc'))\n"),
                          ["3.4"]),
     # -- reaching what the grader hides ----------------------------------------------------
     "d1_secret_hunt": (_wrap("3.1", IF_LEAK, "import os, glob\ndef _leak():\n"
