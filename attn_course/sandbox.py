@@ -187,13 +187,9 @@ def _kill_cgroup(group: Path | None) -> None:
 
 def _rmtree(path: str) -> None:
     """Remove a folder a job wrote, even where it took its own permissions away."""
-    for root, dirs, _ in os.walk(path):
-        for d in dirs:
-            try:
-                os.chmod(os.path.join(root, d), 0o700)
-            except OSError:
-                pass
-    shutil.rmtree(path, ignore_errors=True)
+    from .worker import remove_tree
+
+    remove_tree(path)
 
 
 class Limited:

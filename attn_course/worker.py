@@ -322,7 +322,7 @@ def _write_package(files: dict[str, str], dest: Path) -> None:
         target.write_text(source)
 
 
-def _remove(path: str) -> None:
+def remove_tree(path: str) -> None:
     """Remove a file or a whole folder, even one whose permissions the job took away."""
     if os.path.isdir(path) and not os.path.islink(path):
         try:
@@ -331,7 +331,7 @@ def _remove(path: str) -> None:
         except OSError:
             entries = []
         for entry in entries:
-            _remove(os.path.join(path, entry))
+            remove_tree(os.path.join(path, entry))
         try:
             os.rmdir(path)
         except OSError:
@@ -372,7 +372,7 @@ def _empty(folder: str, keep: dict[str, int] | None = None) -> bool:
             for entry in os.listdir(path):
                 p = os.path.join(path, entry)
                 if p not in keep:
-                    _remove(p)
+                    remove_tree(p)
                     continue
                 if os.path.isdir(p) and not os.path.islink(p):
                     os.chmod(p, 0o700 | keep[p])
