@@ -46,7 +46,7 @@ pdf: $(STAMP) apt-pdf
 # The library, book and course tests; then the committed solution notebooks,
 # re-executed by nbval, must reproduce the outputs they show.
 test: $(STAMP) apt-test
-	ATTN_REQUIRE_MLX=1 ATTN_REQUIRE_BWRAP=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	ATTN_REQUIRE_MLX=1 ATTN_REQUIRE_BWRAP=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25
 	$(BIN)/python -m pytest --nbval solutions -n 2 --dist loadfile -p no:cacheprovider
 
 # (instructors) rebuild exercises/ and solutions/ from the library source

@@ -93,6 +93,7 @@ class CaseResult:
     status: Status
     message: str = ""
     hidden: bool = False
+    checks_error: bool = False  # the reference raises here: the case checks that bad input is refused
 
 
 @dataclass
@@ -115,11 +116,23 @@ class ExerciseResult:
 
     @property
     def score(self) -> float:
-        """Points times the fraction of hidden cases passed (all cases if none are hidden)."""
+        """The scoring policy: points x the share of graded cases passed, where a case
+        that checks an error counts only as far as the value cases do.
+
+        The graded cases are the hidden ones (all cases where none are hidden).  With
+        ``v`` the fraction of graded *value* cases passed, each passed error case
+        (bad input must raise) earns at most ``v`` of a case: a wrong formula whose
+        input checks are right scores 0, never the share of its error cases, and a
+        right formula that forgets a check loses that case's share.
+        """
         graded = [c for c in self.cases if c.hidden] or self.cases
         if not graded:
             return 0.0
-        return self.exercise.points * sum(c.passed for c in graded) / len(graded)
+        values = [c for c in graded if not c.checks_error]
+        errors = [c for c in graded if c.checks_error]
+        v = sum(c.passed for c in values) / len(values) if values else 1.0
+        earned = sum(c.passed for c in values) + v * sum(c.passed for c in errors)
+        return self.exercise.points * earned / len(graded)
 
 
 # -- comparing ---------------------------------------------------------------------
@@ -215,6 +228,15 @@ Diagnose = Callable[[Exercise, Case, dict, dict], str]  # (ex, case, got, expect
 def compare(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: bool,
             own_stub: bool = False, known: frozenset[str] = frozenset(),
             diagnose: Diagnose | None = None) -> CaseResult:
+    """One case's verdict; ``checks_error`` marks the cases where the reference raises."""
+    result = _verdict(ex, case, expected, got, hidden, own_stub, known, diagnose)
+    result.checks_error = expected.status == "raised"
+    return result
+
+
+def _verdict(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: bool,
+             own_stub: bool = False, known: frozenset[str] = frozenset(),
+             diagnose: Diagnose | None = None) -> CaseResult:
     name = f"hidden case {case.name}" if hidden else case.name
     st = got.status
     note = f" [{case.note}]" if case.note and not hidden else ""

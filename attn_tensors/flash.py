@@ -72,24 +72,6 @@ BLOCK_K = 512
 # -- online softmax --------------------------------------------------------
 
 
-def _online_block(xp: Backend, m: Any, l: Any, s: Any) -> tuple[Any, Any, Any, Any]:
-    """One step of the online softmax, also returning the rescale and exp(s - m')."""
-    neg_inf = xp.scalar(-float("inf"), s)
-    # Returns (m', l', alpha, p): alpha = exp(m - m') rescales the old sums,
-    # p^j = exp(s^j - m') are the new block's terms (flash attention uses both).
-    ### BEGIN SOLUTION 9.1
-    # m' = max(m, max_j s^j): a shift only, so no gradient flows through it.
-    m_new = xp.stop_gradient(xp.maximum(m, xp.max(s, axis=-1)))
-    # With every entry so far -inf, m' = -inf: shift by 0 instead, so that
-    # exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
-    m_safe = xp.where(m_new > neg_inf, m_new, xp.zeros_like(m_new))
-    alpha = xp.exp(m - m_safe)  # exp(m - m'), 0 while m = -inf
-    p = xp.exp(s - m_safe[..., None])  # exp(s^j - m'), 0 for s^j = -inf
-    l_new = l * alpha + xp.sum(p, axis=-1)
-    return m_new, l_new, alpha, p
-    ### END SOLUTION
-
-
 def online_softmax_update(m: Any, l: Any, x_new: Any) -> tuple[Any, Any]:
     """m' = max(m, max_j x^j),  l' = l exp(m - m') + sum_j exp(x^j - m').
 
@@ -106,8 +88,29 @@ def online_softmax_update(m: Any, l: Any, x_new: Any) -> tuple[Any, Any]:
             f"m and l must have the shape of x_new without its last axis j: "
             f"got m {tuple(m.shape)}, l {tuple(l.shape)}, x_new {tuple(x_new.shape)}"
         )
-    m_new, l_new, _, _ = _online_block(xp, m, l, x_new)
+    ### BEGIN SOLUTION 9.1
+    neg_inf = xp.scalar(-float("inf"), x_new)
+    # m' = max(m, max_j x^j): a shift only, so no gradient flows through it.
+    m_new = xp.stop_gradient(xp.maximum(m, xp.max(x_new, axis=-1)))
+    # With every entry so far -inf, m' = -inf: shift by 0 instead, so that
+    # exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+    m_safe = xp.where(m_new > neg_inf, m_new, xp.zeros_like(m_new))
+    # l' = l exp(m - m') + sum_j exp(x^j - m')
+    l_new = l * xp.exp(m - m_safe) + xp.sum(xp.exp(x_new - m_safe[..., None]), axis=-1)
     return m_new, l_new
+    ### END SOLUTION
+
+
+def _online_block(xp: Backend, m: Any, l: Any, s: Any) -> tuple[Any, Any, Any, Any]:
+    """(m', l') from online_softmax_update, plus the rescale alpha and the block's terms p.
+
+    alpha = exp(m - m') rescales the sums carried so far and p^j = exp(s^j - m')
+    are the new block's terms (flash attention weights the values with both);
+    where m' = -inf (nothing seen yet) the shift is 0, as in the update.
+    """
+    m_new, l_new = online_softmax_update(m, l, s)
+    m_safe = xp.where(m_new > xp.scalar(-float("inf"), s), m_new, xp.zeros_like(m_new))
+    return m_new, l_new, xp.exp(m - m_safe), xp.exp(s - m_safe[..., None])
 
 
 def online_logsumexp(x: Any, block: int = 128) -> Any:

@@ -148,7 +148,7 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
     # c^i = sum_k A^{ik} dL/dA^{ik}   (the mean of dL/dA under the weights)
     c = xp.einsum("...ik,...ik->...i", A, dL_dA)
     # dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - c^i)
-    return _score_gradient(A, dL_dA, c, T)
+    return A * (dL_dA - c[..., None]) / T
     ### END SOLUTION
 
 
@@ -156,8 +156,11 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
 
 
 def _score_gradient(A: Any, dL_dA: Any, D: Any, T: Any) -> Any:
-    """dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - D^i), D^i = sum_k A^{ik} dL/dA^{ik}."""
-    ### BEGIN SOLUTION 5.1
+    """dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - D^i), D^i = sum_k A^{ik} dL/dA^{ik}.
+
+    The score step of the backward pass (exercise 5.3), given the row sums D^i.
+    """
+    ### BEGIN SOLUTION 5.3
     return A * (dL_dA - D[..., None]) / T
     ### END SOLUTION
 

@@ -18,6 +18,7 @@ They need ``chromium``, ``pdflatex``/``latexmk`` and ``pdftotext`` from Debian
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import http.server
 import os
@@ -65,13 +66,28 @@ def chapter_titles() -> list[str]:
     return titles
 
 
+def build_book(*extra: str) -> None:
+    """``jupyter-book build . -W -n --keep-going [extra]``, one build at a time.
+
+    Test modules on other pytest-xdist workers build the same ``_build``
+    folder (its notebook cache, doctrees and pages): two builds at once would
+    execute every notebook twice and write the same files together.  An
+    exclusive lock on ``_build/.build.lock`` runs them one after the other;
+    the second finds the cache warm.
+    """
+    (ROOT / "_build").mkdir(exist_ok=True)
+    with open(ROOT / "_build" / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(
+            [str(JB), "build", str(ROOT), "-W", "-n", "--keep-going", *extra],
+            capture_output=True, text=True, timeout=1500,
+        )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
 @pytest.fixture(scope="module")
 def html_book():
-    proc = subprocess.run(
-        [str(JB), "build", str(ROOT), "-W", "-n", "--keep-going"],
-        capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    build_book()
     return HTML
 
 
@@ -200,11 +216,7 @@ def test_mathjax_is_served_by_the_book(html_book):
 def test_pdf_has_every_chapter(html_book):
     _need(shutil.which("latexmk") and shutil.which("pdflatex"), "TeX Live (latexmk, pdflatex)")
     _need(shutil.which("pdftotext"), "poppler-utils (pdftotext)")
-    proc = subprocess.run(
-        [str(JB), "build", str(ROOT), "-W", "-n", "--keep-going", "--builder", "pdflatex"],
-        capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    build_book("--builder", "pdflatex")
     pdf = ROOT / "_build" / "latex" / "book.pdf"
     text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
     flat = re.sub(r"\s+", " ", text)

@@ -72,14 +72,6 @@ BLOCK_K = 512
 # -- online softmax --------------------------------------------------------
 
 
-def _online_block(xp: Backend, m: Any, l: Any, s: Any) -> tuple[Any, Any, Any, Any]:
-    """One step of the online softmax, also returning the rescale and exp(s - m')."""
-    neg_inf = xp.scalar(-float("inf"), s)
-    # Returns (m', l', alpha, p): alpha = exp(m - m') rescales the old sums,
-    # p^j = exp(s^j - m') are the new block's terms (flash attention uses both).
-    raise NotImplementedError('Exercise 9.1: implement online_softmax_update (The online softmax update); run `attn-course check 9.1`')
-
-
 def online_softmax_update(m: Any, l: Any, x_new: Any) -> tuple[Any, Any]:
     """m' = max(m, max_j x^j),  l' = l exp(m - m') + sum_j exp(x^j - m').
 
@@ -96,8 +88,19 @@ def online_softmax_update(m: Any, l: Any, x_new: Any) -> tuple[Any, Any]:
             f"m and l must have the shape of x_new without its last axis j: "
             f"got m {tuple(m.shape)}, l {tuple(l.shape)}, x_new {tuple(x_new.shape)}"
         )
-    m_new, l_new, _, _ = _online_block(xp, m, l, x_new)
-    return m_new, l_new
+    raise NotImplementedError('Exercise 9.1: implement online_softmax_update (The online softmax update); run `attn-course check 9.1`')
+
+
+def _online_block(xp: Backend, m: Any, l: Any, s: Any) -> tuple[Any, Any, Any, Any]:
+    """(m', l') from online_softmax_update, plus the rescale alpha and the block's terms p.
+
+    alpha = exp(m - m') rescales the sums carried so far and p^j = exp(s^j - m')
+    are the new block's terms (flash attention weights the values with both);
+    where m' = -inf (nothing seen yet) the shift is 0, as in the update.
+    """
+    m_new, l_new = online_softmax_update(m, l, s)
+    m_safe = xp.where(m_new > xp.scalar(-float("inf"), s), m_new, xp.zeros_like(m_new))
+    return m_new, l_new, xp.exp(m - m_safe), xp.exp(s - m_safe[..., None])
 
 
 def online_logsumexp(x: Any, block: int = 128) -> Any:

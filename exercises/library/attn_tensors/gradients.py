@@ -142,8 +142,11 @@ def softmax_backward(A: Any, dL_dA: Any, T: Any = 1.0) -> Any:
 
 
 def _score_gradient(A: Any, dL_dA: Any, D: Any, T: Any) -> Any:
-    """dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - D^i), D^i = sum_k A^{ik} dL/dA^{ik}."""
-    raise NotImplementedError('Exercise 5.1: implement softmax_backward (The softmax backward pass); run `attn-course check 5.1`')
+    """dL/dS^{ij} = (1/T) A^{ij} (dL/dA^{ij} - D^i), D^i = sum_k A^{ik} dL/dA^{ik}.
+
+    The score step of the backward pass (exercise 5.3), given the row sums D^i.
+    """
+    raise NotImplementedError('Exercise 5.3: implement attention_backward (The attention backward pass); run `attn-course check 5.3`')
 
 
 def attention_backward(
