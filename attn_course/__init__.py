@@ -27,7 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root (the course is used from a clone)."""
 
+PACKAGED_RELEASE = Path(__file__).resolve().parent / "release_data"
+"""The release inside the students' wheel (``attn-course student-dist``); absent in a clone."""
+
 LIBRARY = ROOT / "attn_tensors"
 SOLUTIONS = ROOT / "solutions"
-EXERCISES = ROOT / "exercises"
+EXERCISES = PACKAGED_RELEASE if PACKAGED_RELEASE.is_dir() else ROOT / "exercises"
 RELEASE_LIBRARY = EXERCISES / "library"

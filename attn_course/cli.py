@@ -163,6 +163,18 @@ def cmd_token(args) -> int:
     return 0
 
 
+def cmd_student_dist(args) -> int:
+    from .student_dist import StudentDistError, build
+
+    try:
+        dist = build(Path(args.out))
+    except StudentDistError as err:
+        print(f"attn-course: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {dist.wheel} ({len(dist.modules)} modules, {dist.release_files} release files)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -195,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="(instructors) reference passes and stub fails")
     v.add_argument("spec", nargs="?", default="all")
     v.set_defaults(func=cmd_validate)
+    sd = sub.add_parser("student-dist", help="(instructors) build the students' wheel: tools and release, no reference",
+                        description="Write OUT/attn_course_student-VERSION-py3-none-any.whl: the commands a student "
+                                    "needs and the release (stubbed library, public cases, notebooks), never the "
+                                    "reference library, the solutions, the grader or the mistakes catalogue.")
+    sd.add_argument("out", help="folder for the wheel (an existing wheel is never overwritten)")
+    sd.set_defaults(func=cmd_student_dist)
     g = sub.add_parser("grade", help="(instructors) grade a folder of submission archives")
     g.add_argument("submissions", help="folder of *.zip archives (from `attn-course submit`)")
     g.add_argument("--out", required=True, help="grading folder (gradebook, feedback, report)")
@@ -252,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attn-course: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("attn_course."):
+            raise
+        print(f"attn-course: `{args.command}` is an instructor's command; the student "
+              "distribution does not include it", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
