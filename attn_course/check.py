@@ -38,14 +38,16 @@ def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[l
     return out
 
 
-def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | None = None) -> list[ExerciseResult]:
+def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | None = None,
+                 backend: str = "jax") -> list[ExerciseResult]:
+    """The public cases of ``exercises`` on the workspace's package, run on ``backend`` ("jax" or "mlx")."""
     workspace = Path(workspace)
     public = load_public(workspace / ".course" / "cases", exercises)
     limits = limits or Limits(per_exercise_s=120, per_archive_s=3600)
     server = WorkerServer(Plain(limits))
     try:
         graded = run_and_grade(server, package_files(workspace), [(e, *public[e.id]) for e in exercises],
-                               False, stubbed_exercises(workspace), limits)
+                               False, stubbed_exercises(workspace), limits, backend=backend)
     finally:
         server.close()
     return [ExerciseResult(e, graded[e.id]) for e in exercises]

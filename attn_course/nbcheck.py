@@ -2,7 +2,9 @@
 
 ``check("3.1", log_partition_function)`` runs the public cases (expected
 values from the release's case files) and raises ``AssertionError`` with the
-same report as ``attn-course check`` when one fails.  ``check_hidden`` (only
+same report as ``attn-course check`` when one fails; ``check("3.1",
+log_partition_function, backend="mlx")`` runs them on MLX arrays, as
+``attn-course check 3.1 --backend mlx`` does.  ``check_hidden`` (only
 in the instructor's notebooks, inside nbgrader's hidden-test markers) draws
 the hidden cases from the instructor's secret and compares with the
 reference library; its messages never show a hidden value.
@@ -18,7 +20,7 @@ from .scoring import ExerciseResult, Outcome, grade
 from .worker import evaluate
 
 
-def _run(ex_id, fn, hidden: bool) -> ExerciseResult:
+def _run(ex_id, fn, hidden: bool, backend: str = "jax") -> ExerciseResult:
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -28,15 +30,17 @@ def _run(ex_id, fn, hidden: bool) -> ExerciseResult:
         expected = reference_results(ex, cases)
     else:
         cases, expected = load_public(RELEASE_LIBRARY / "cases", [ex])[ex.id]
-    got = [Outcome.from_dict(evaluate(fn, ex.probe, c.inputs)) for c in cases]
-    return ExerciseResult(ex, grade(ex, cases, expected, got, hidden=hidden))
+    got = [Outcome.from_dict(evaluate(fn, ex.probe, c.inputs, backend, ex.id)) for c in cases]
+    return ExerciseResult(ex, grade(ex, cases, expected, got, hidden=hidden, backend=backend))
 
 
-def check(ex_id: str, fn) -> None:
-    r = _run(ex_id, fn, hidden=False)
+def check(ex_id: str, fn, backend: str = "jax") -> None:
+    """The public cases of ``ex_id`` on ``fn``, on JAX arrays or (``backend="mlx"``) MLX arrays."""
+    r = _run(ex_id, fn, hidden=False, backend=backend)
     if not r.passed:
         raise AssertionError("\n" + report([r]))
-    print(f"Exercise {ex_id}: all {len(r.cases)} public cases pass")
+    on = " on MLX" if backend == "mlx" else ""
+    print(f"Exercise {ex_id}: all {len(r.cases)} public cases pass{on}")
 
 
 def check_hidden(ex_id: str, fn) -> None:

@@ -60,6 +60,7 @@ class Exercise:
     rtol: float = 1e-9
     atol: float = 1e-12
     hint: str = ""
+    tol_mlx: tuple[float, float] | None = None  # least (rtol, atol) on MLX (default: scoring.MLX_TOLERANCE)
 
     @property
     def chapter(self) -> int:
