@@ -78,12 +78,11 @@ class BackendMismatch(TypeError):
 def mismatch_message(backend: str, exercise: str = "") -> str:
     """What went wrong when code for one framework met the other's arrays, and the two fixes."""
     ex = exercise or "EXERCISE"
+    fix = "write it with xp = namespace(...) from attn_tensors.backend, which follows the arrays"
     if backend == "mlx":
-        return ("backend mismatch: your code called jax.numpy on MLX arrays (this check runs on MLX). "
-                "Write it with xp = namespace(...) from attn_tensors.backend, which follows the arrays, "
+        return (f"your code called jax.numpy on MLX arrays (this check runs on MLX): {fix}, "
                 f"or check it on JAX: `attn-course check {ex}` (JAX is the default)")
-    return ("backend mismatch: your code called mlx.core on JAX arrays (this check runs on JAX). "
-            "Write it with xp = namespace(...) from attn_tensors.backend, which follows the arrays, "
+    return (f"your code called mlx.core on JAX arrays (this check runs on JAX): {fix}, "
             f"or check it on MLX: `attn-course check {ex} --backend mlx`")
 
 
