@@ -211,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the class roster (a student_id column): archives of students not on it are rejected")
     g.add_argument("--trust-manifest-ids", action="store_true",
                    help="UNSAFE: accept archives without a valid token (anyone can submit as anyone)")
+    g.add_argument("--backend", choices=("jax", "mlx", "both"), default="jax",
+                   help="run the library's cases on JAX arrays (default), MLX arrays, or both: with both "
+                        "the score is the JAX one and the feedback also shows each exercise's MLX verdict")
     g.add_argument("--budget", type=float, default=240.0, metavar="SECONDS",
                    help="wall-clock budget of one archive, all exercises together (default 240)")
     g.add_argument("--ci-secret", action="store_true",

@@ -189,3 +189,51 @@ def test_a_package_written_for_one_framework_through_a_worker(tmp_path, written_
     for c in wrong:
         assert other in c.message and fix in c.message, c.message
         assert "bad_cast" not in c.message and "Traceback" not in c.message
+
+
+# -- grading on both backends ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_grade_both_scores_jax_and_shows_mlx(tmp_path):
+    """--backend both: the score is the JAX one; the feedback shows the MLX verdict too.
+    --backend mlx: the MLX one is the score."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    from attn_course.archive import build_archive, library_files
+    from attn_course.identity import token_for
+
+    secret = "mlx-class-secret"
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    portable = library_files(ROOT)  # the reference: written with xp = namespace(...)
+    mlx_only = dict(portable)
+    mlx_only["attn_tensors/statmech.py"] = (
+        _package_with(tmp_path / "mlx_only", "3.1", BODY_MLX) / "attn_tensors" / "statmech.py").read_bytes()
+    build_archive(subs / "portable.zip", "portable", portable, token=token_for("portable", secret))
+    build_archive(subs / "mlxonly.zip", "mlxonly", mlx_only, token=token_for("mlxonly", secret))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", ATTN_COURSE_SECRET=secret)
+
+    def grade(backend: str):
+        out = tmp_path / f"grading-{backend}"
+        r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
+                            "--exercises", "3.1", "--backend", backend], capture_output=True, text=True,
+                           env=env, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = {row["student_id"]: row["3.1"] for row in csv.DictReader(open(out / "gradebook.csv"))}
+        return rows, out / "feedback"
+
+    rows, fb = grade("both")
+    assert rows == {"portable": "3", "mlxonly": "0"}
+    mine = (fb / "mlxonly.md").read_text()
+    assert "On MLX (for information, not scored): all cases pass (3/3)." in mine, mine
+    unescaped = mine.replace("\\", "")  # the feedback escapes Markdown
+    assert "mlx.core on JAX arrays" in unescaped and "--backend mlx" in unescaped
+    theirs = (fb / "portable.md").read_text()
+    assert "All cases pass." in theirs and "On MLX (for information, not scored): all cases pass (3/3)." in theirs
+    rows, fb = grade("mlx")
+    assert rows == {"portable": "3", "mlxonly": "3"}
+    assert "On MLX" not in (fb / "mlxonly.md").read_text()
