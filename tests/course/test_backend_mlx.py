@@ -139,7 +139,9 @@ def test_compare_uses_the_backends_tolerance(off, jax_ok, mlx_ok):
 def _log_z(S, mask=None, T=1.0, body=BODY_MLX):
     """3.1 written with one framework, as a notebook cell would define it."""
     ns: dict = {}
-    src = "def f(S, mask=None, T=1.0):\n    xp = None\n    check_temperature = lambda T, xp: None\n" + body
+    src = ("from attn_tensors._checks import check_temperature\n"
+           "from attn_tensors.backend import namespace\n"
+           "def f(S, mask=None, T=1.0):\n    xp = namespace(S, mask)\n" + body)
     exec(src, ns)
     return ns["f"](S, mask, T)
 
@@ -151,6 +153,8 @@ def _log_z(S, mask=None, T=1.0, body=BODY_MLX):
 def test_mixed_framework_is_a_clear_error(backend, body, words):
     ex = EX["3.1"]
     for case in ex.make_cases(False):
+        if case.inputs["T"] <= 0:
+            continue  # its input check raises first, on either framework
         r = evaluate(lambda **kw: _log_z(**kw, body=body), ex.probe, case.inputs, backend, ex.id)
         assert r["status"] == "raised" and r["type"] == "BackendMismatch", (case.name, r)
         assert all(w in r["message"] for w in words), r["message"]
@@ -169,6 +173,29 @@ def test_bad_cast_is_reported_as_a_mismatch():
     case = ex.make_cases(False)[0]
     r = evaluate(lower, ex.probe, case.inputs, "jax", ex.id)
     assert r["type"] == "BackendMismatch" and "--backend mlx" in r["message"], r
+
+
+def test_notebook_check_on_either_backend():
+    """A notebook's test cell (locked) follows use_backend; an explicit backend= wins."""
+    from attn_course import nbcheck
+
+    def mlx_answer(S, mask=None, T=1.0):
+        return _log_z(S, mask, T, body=BODY_MLX)
+
+    nbcheck.check("3.1", mlx_answer, backend="mlx")
+    with pytest.raises(AssertionError, match="mlx.core on JAX arrays"):
+        nbcheck.check("3.1", mlx_answer, backend="jax")
+    before = nbcheck._backend
+    try:
+        nbcheck.use_backend("mlx")
+        nbcheck.check("3.1", mlx_answer)
+        nbcheck.use_backend("jax")
+        with pytest.raises(AssertionError, match="--backend mlx"):
+            nbcheck.check("3.1", mlx_answer)
+        with pytest.raises(ValueError, match="unknown backend"):
+            nbcheck.use_backend("torch")
+    finally:
+        nbcheck._backend = before
 
 
 @pytest.mark.slow
