@@ -32,7 +32,8 @@ def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[l
         if e.id not in data:
             raise FileNotFoundError(f"no public cases for exercise {e.id} in {cases_dir}")
         entry = data[e.id]
-        cases = [Case(c["name"], values.decode(c["inputs"]), c.get("note", "")) for c in entry["cases"]]
+        cases = [Case(c["name"], values.decode(c["inputs"]), c.get("note", ""), c.get("eager") is True)
+                 for c in entry["cases"]]
         expected = [Outcome.from_dict(values.decode(c["expected"])) for c in entry["cases"]]
         out[e.id] = (cases, expected)
     return out

@@ -21,7 +21,7 @@ from .check import load_public, report
 from .registry import all_exercises, secret
 from .runner import reference_results
 from .scoring import ExerciseResult, Outcome, grade
-from .worker import evaluate
+from .worker import evaluate_all
 
 
 _backend = os.environ.get("ATTN_COURSE_BACKEND", "jax")
@@ -45,7 +45,8 @@ def _run(ex_id, fn, hidden: bool, backend: str = "jax") -> ExerciseResult:
         expected = reference_results(ex, cases)
     else:
         cases, expected = load_public(RELEASE_LIBRARY / "cases", [ex])[ex.id]
-    got = [Outcome.from_dict(evaluate(fn, ex.probe, c.inputs, backend, ex.id)) for c in cases]
+    raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases], backend, ex.id, [c.eager for c in cases])
+    got = [Outcome.from_dict(r) for r in raw]
     return ExerciseResult(ex, grade(ex, cases, expected, got, hidden=hidden, backend=backend))
 
 

@@ -103,7 +103,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 raw[ex_id] = [Outcome.failure("budget", "not run: the archive's time budget was spent")]
             break
         job = {"files": files, "cpu_s": limits.cpu_s,
-               "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs)}
+               "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs),
+                                                      **({"eager": True} if c.eager else {})}
                                                      for c in cases]} for ex, cases in remaining]}
         if notebook is not None:
             job["notebook"] = notebook
@@ -196,15 +197,17 @@ def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = 
 
     jax.config.update("jax_enable_x64", True)
     from .worker import evaluate_all, resolve
+
+    cases = list(cases)
     from .xla_cache import cache_dir, enable_compile_cache, worker_cache_dir, worker_keys
 
     fn = resolve(ex.function)
     if worker_cache:
         enable_compile_cache(worker_cache_dir())
         with worker_keys():
-            raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases])
+            raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases], eager=[c.eager for c in cases])
         enable_compile_cache(cache_dir())
     else:
         enable_compile_cache()
-        raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases])
+        raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases], eager=[c.eager for c in cases])
     return [Outcome.from_dict(values.decode(values.encode(r))) for r in raw]

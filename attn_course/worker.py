@@ -122,10 +122,6 @@ def _has_array(value: Any) -> bool:
     return False
 
 
-def _has_nan(value: dict[str, np.ndarray]) -> bool:
-    return any(a.dtype.kind == "f" and bool(np.isnan(a).any()) for a in value.values())
-
-
 def _array(x: Any, where: str, backend: str | None = None) -> np.ndarray:
     if isinstance(x, (bool, int, float, np.number, np.bool_)):
         return np.asarray(x)
@@ -237,21 +233,19 @@ def evaluate(fn: Any, probe: Any, inputs: dict[str, Any], backend: str = "jax",
     follow = backend if _has_array(inputs) else None  # a constructor without `like` gives JAX arrays
     try:
         out = _run_probe_mlx(fn, probe, inputs) if backend == "mlx" else _run_probe(fn, probe, inputs)
-        value = flatten(out, backend=follow)
+        return {"status": "ok", "value": flatten(out, backend=follow)}
     except Exception as err:  # noqa: BLE001 - the submission's exception is data
         return _failure(err, backend, exercise)
-    if backend == "jax" and _has_nan(value):
-        return _eager(fn, probe, inputs, exercise)
-    return {"status": "ok", "value": value}
 
 
 def _eager(fn: Any, probe: Any, inputs: dict[str, Any], exercise: str = "") -> dict[str, Any]:
-    """One JAX case op by op: for a compiled result with a nan in it.
+    """One JAX case op by op, never compiled (a case marked ``eager``).
 
-    Under ``jit`` only the inputs are concrete; a check on a computed value
-    (a vector of zero length, a degenerate metric) sees a tracer and is
-    skipped, so the program returns nan where the code raises when it runs
-    eagerly.  What the eager run does is the answer.
+    Under ``jit`` only the inputs are concrete; a check on a value computed
+    from them (a vector of zero length) sees a tracer and is skipped, so the
+    program returns nan where the code raises when it runs op by op.  Eager
+    JAX costs seconds per case, so only the cases that test such a check
+    (:attr:`attn_course.registry.Case.eager`) run this way.
     """
     follow = "jax" if _has_array(inputs) else None
     try:
@@ -291,7 +285,7 @@ def _concrete_check_type() -> type:
 
 
 def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]], backend: str = "jax",
-                 exercise: str = "") -> list[dict[str, Any]]:
+                 exercise: str = "", eager: list[bool] | None = None) -> list[dict[str, Any]]:
     """Every case of an exercise: on JAX, those that trace go into ONE XLA program.
 
     Compiling dominates a worker's time, so the cases are traced together in
@@ -299,11 +293,18 @@ def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]], backend: str
     its own ``try``: a case that raises while tracing (a check that refuses
     its input, a stub, code that cannot be traced) is left out of the
     program and evaluated on its own by :func:`evaluate`, exactly as before.
-    On MLX each case is evaluated on its own (eagerly).
+    Cases marked in ``eager`` run op by op (:func:`_eager`).  On MLX each case
+    is evaluated on its own (MLX is eager anyway).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}")
-    if len(inputs) < 2 or backend == "mlx":
+    if backend == "mlx":
+        return [evaluate(fn, probe, x, backend, exercise) for x in inputs]
+    eager = list(eager or [False] * len(inputs))
+    if any(eager):
+        compiled = evaluate_all(fn, probe, [x for x, e in zip(inputs, eager) if not e], backend, exercise)
+        return [_eager(fn, probe, x, exercise) if e else compiled.pop(0) for x, e in zip(inputs, eager)]
+    if len(inputs) < 2:
         return [evaluate(fn, probe, x, backend, exercise) for x in inputs]
     import jax
 
@@ -330,9 +331,6 @@ def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]], backend: str
                 for i, o in zip(traced, outs)}
     except Exception:  # noqa: BLE001 - e.g. an output that is not an array: case by case
         done, refused = {}, {}
-    for i, r in done.items():
-        if _has_nan(r["value"]):
-            done[i] = _eager(fn, probe, inputs[i], exercise)
     done.update({i: _failure(err, backend, exercise) for i, err in refused.items()})
     return [done[i] if i in done else evaluate(fn, probe, x, backend, exercise) for i, x in enumerate(inputs)]
 
@@ -340,7 +338,8 @@ def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]], backend: str
 def _exercise_results(ex: Any, fn: Any, cases: list[dict], error: str | None, backend: str = "jax") -> list[dict]:
     if error:
         return [{"status": "raised", "type": "ImportError", "message": error[:MAX_MESSAGE]}] * len(cases)
-    return evaluate_all(fn, ex.probe, [values.decode(case["inputs"]) for case in cases], backend, ex.id)
+    return evaluate_all(fn, ex.probe, [values.decode(case["inputs"]) for case in cases], backend, ex.id,
+                        [case.get("eager") is True for case in cases])
 
 
 class _Notebook:

@@ -55,7 +55,7 @@ def _angle_cases(rng, hidden):
                            "g": np.stack([spd(rng, d) for _ in range(b)])[:, None]},
              f"u ({b}, {n}, {d}), v ({n}, {d}), g ({b}, 1, {d}, {d}): leading axes broadcast"),
         Case("zero vector", {"u": u_zero, "v": v_zero, "g": spd(rng, d)},
-             "one vector is zero: its angle is undefined, raise AttentionInputError"),
+             "one vector is zero: its angle is undefined, raise AttentionInputError", eager=True),
     ]
 
 

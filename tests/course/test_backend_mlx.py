@@ -264,3 +264,22 @@ def test_grade_both_scores_jax_and_shows_mlx(tmp_path):
     rows, fb = grade("mlx")
     assert rows == {"portable": "3", "mlxonly": "3"}
     assert "On MLX" not in (fb / "mlxonly.md").read_text()
+
+
+def test_a_case_marked_eager_sees_a_check_on_a_computed_value():
+    """4.1's zero-vector check is on ||u||_g, a tracer under jit: only the eager run raises (as MLX does)."""
+    from attn_course.worker import evaluate_all, resolve
+
+    ex = EX["4.1"]
+    cases = ex.make_cases(False)
+    zero = next(c for c in cases if c.name == "zero vector")
+    assert zero.eager and not any(c.eager for c in cases if c is not zero)
+    fn = resolve(ex.function)
+    inputs = [c.inputs for c in cases]
+    marked = evaluate_all(fn, ex.probe, inputs, "jax", ex.id, [c.eager for c in cases])
+    compiled = evaluate_all(fn, ex.probe, inputs, "jax", ex.id)
+    on_mlx = evaluate_all(fn, ex.probe, inputs, "mlx", ex.id)
+    i = cases.index(zero)
+    assert marked[i]["type"] == on_mlx[i]["type"] == "AttentionInputError"
+    assert compiled[i]["status"] == "ok" and np.isnan(compiled[i]["value"]["value"]).any()
+    assert all(m["status"] == "ok" for j, m in enumerate(marked) if j != i)
