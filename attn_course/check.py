@@ -32,20 +32,23 @@ def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[l
         if e.id not in data:
             raise FileNotFoundError(f"no public cases for exercise {e.id} in {cases_dir}")
         entry = data[e.id]
-        cases = [Case(c["name"], values.decode(c["inputs"]), c.get("note", "")) for c in entry["cases"]]
+        cases = [Case(c["name"], values.decode(c["inputs"]), c.get("note", ""), c.get("eager") is True)
+                 for c in entry["cases"]]
         expected = [Outcome.from_dict(values.decode(c["expected"])) for c in entry["cases"]]
         out[e.id] = (cases, expected)
     return out
 
 
-def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | None = None) -> list[ExerciseResult]:
+def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | None = None,
+                 backend: str = "jax") -> list[ExerciseResult]:
+    """The public cases of ``exercises`` on the workspace's package, run on ``backend`` ("jax" or "mlx")."""
     workspace = Path(workspace)
     public = load_public(workspace / ".course" / "cases", exercises)
     limits = limits or Limits(per_exercise_s=120, per_archive_s=3600)
     server = WorkerServer(Plain(limits))
     try:
         graded = run_and_grade(server, package_files(workspace), [(e, *public[e.id]) for e in exercises],
-                               False, stubbed_exercises(workspace), limits)
+                               False, stubbed_exercises(workspace), limits, backend=backend)
     finally:
         server.close()
     return [ExerciseResult(e, graded[e.id]) for e in exercises]

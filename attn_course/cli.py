@@ -5,7 +5,8 @@ Students::
     attn-course workspace DIR --student ID [--token TOKEN]
                                              a new workspace (stubbed library, notebooks, tests)
     attn-course workspace --set-token TOKEN  store the token your instructor gave you
-    attn-course check [3.1 | 3 | all]        public cases of an exercise, a chapter or all
+    attn-course check [3.1 | 3 | all] [--backend mlx]
+                                             public cases of an exercise, a chapter or all
     attn-course submit                       a submission archive with its manifest
     attn-course list                         the exercises, their points and book sections
 
@@ -61,7 +62,7 @@ def cmd_check(args) -> int:
 
     ws = _workspace(args)
     chosen = select(args.spec)
-    results = check_public(ws, chosen)
+    results = check_public(ws, chosen, backend=args.backend)
     print(report(results, verbose=not args.quiet))
     passed = workspace.record_progress(ws, results)
     print()
@@ -110,7 +111,7 @@ def cmd_release(args) -> int:
 def cmd_validate(args) -> int:
     from .validate import validate
 
-    ok = validate(args.spec)
+    ok = validate(args.spec, backend=args.backend)
     return 0 if ok else 1
 
 
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("spec", nargs="?", default="all", help="3.1, a chapter (3 or ch03), or all")
     c.add_argument("--workspace", help="the workspace (default: the one you are in)")
     c.add_argument("-q", "--quiet", action="store_true", help="no hints")
+    c.add_argument("--backend", choices=("jax", "mlx"), default="jax",
+                   help="run the cases on JAX arrays (default) or on MLX arrays (Apple Silicon; mlx.core)")
     c.set_defaults(func=cmd_check)
     s = sub.add_parser("submit", help="package a submission archive")
     s.add_argument("--workspace")
@@ -206,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_release)
     v = sub.add_parser("validate", help="(instructors) reference passes and stub fails")
     v.add_argument("spec", nargs="?", default="all")
+    v.add_argument("--backend", choices=("jax", "mlx", "both"), default="jax",
+                   help="run both sides on JAX arrays (default), on MLX arrays, or on both")
     v.set_defaults(func=cmd_validate)
     sd = sub.add_parser("student-dist", help="(instructors) build the students' wheel: tools and release, no reference",
                         description="Write OUT/attn_course_student-VERSION-py3-none-any.whl: the commands a student "
@@ -224,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the class roster (a student_id column): archives of students not on it are rejected")
     g.add_argument("--trust-manifest-ids", action="store_true",
                    help="UNSAFE: accept archives without a valid token (anyone can submit as anyone)")
+    g.add_argument("--backend", choices=("jax", "mlx", "both"), default="jax",
+                   help="run the library's cases on JAX arrays (default), MLX arrays, or both: with both "
+                        "the score is the JAX one and the feedback also shows each exercise's MLX verdict")
     g.add_argument("--budget", type=float, default=240.0, metavar="SECONDS",
                    help="wall-clock budget of one archive, all exercises together (default 240)")
     g.add_argument("--ci-secret", action="store_true",

@@ -18,6 +18,14 @@ For every ``*.zip`` in SUBMISSIONS (in one batch that always finishes):
    written to ``GRADING/results/``: a rerun skips finished archives unless
    ``--regrade``, the archive changed or the secret changed.
 
+``--backend mlx`` runs the library's cases on MLX arrays instead of JAX ones
+(the same expected values, MLX's tolerances).  ``--backend both`` runs them on
+both, each with its own time budget; the policy: **the score is the JAX
+one**, and each exercise's feedback also shows its verdict on MLX, for
+information (JAX is the course's reference framework, and every student can
+run it; MLX's results differ from it by rounding that its tolerance allows).
+Notebooks are graded on the scored backend only.
+
 Then the gradebook, feedback, report (:mod:`attn_course.report`) and, with
 ``--notebooks`` or ``--nbgrader``, nbgrader's gradebook and its export
 (:mod:`attn_course.nbgrader_bridge`) are written.  The archive that counts
@@ -53,10 +61,13 @@ from .text import terminal
 from .workspace import ASSIGNMENT
 
 
+BACKEND_CHOICES = ("jax", "mlx", "both")
+
+
 class Grader:
     def __init__(self, out: Path, spec: str = "all", jobs: int = 2, limits: Limits | None = None,
                  use_bwrap: bool | None = None, log=print, ci_secret: bool = False,
-                 roster=None, require_token: bool = True, notebooks: bool = False):
+                 roster=None, require_token: bool = True, notebooks: bool = False, backend: str = "jax"):
         self.out = Path(out)
         self.secret = secret(allow_ci=ci_secret)  # refuses before anything is written
         self.fingerprint = secret_fingerprint(self.secret)
@@ -70,6 +81,10 @@ class Grader:
         self.roster = roster
         self.require_token = require_token
         self.notebooks = notebooks
+        if backend not in BACKEND_CHOICES:
+            raise ValueError(f"unknown backend {backend!r}: one of {', '.join(BACKEND_CHOICES)}")
+        self.backend = backend
+        self.backends = ("jax", "mlx") if backend == "both" else (backend,)  # the first one is scored
         self._lock = threading.Lock()
         self._expected: dict[str, tuple] = {}
         self._servers: dict[int, WorkerServer] = {}
@@ -110,7 +125,7 @@ class Grader:
         except OSError:
             return False
         return (old.sha256 == digest and old.secret == self.fingerprint
-                and old.exercises == [e.id for e in self.exercises])
+                and old.exercises == [e.id for e in self.exercises] and old.backend == self.backend)
 
     def _identify(self, sub, result: ArchiveResult) -> None:
         if not self.require_token and self.roster is None:
@@ -124,19 +139,21 @@ class Grader:
         result.identity = verdict.value
 
     def _run(self, slot: int, exercises: list[Exercise], files: dict[str, str], stubbed: set[str],
-             deadline: float, notebook: dict | None = None) -> tuple[dict[str, float], dict[str, dict], bool]:
-        """Hidden cases of every exercise, then public ones for those that lost points."""
+             deadline: float, notebook: dict | None = None,
+             backend: str = "jax") -> tuple[dict[str, float], dict[str, dict], bool]:
+        """Hidden cases of every exercise, then public ones for those that lost points (on ``backend``)."""
         server = self._server(slot)
         exp = self._expected
         from .diagnose import explain
 
         hidden_res = run_and_grade(server, files, [(e, exp[e.id][2], exp[e.id][3]) for e in exercises],
-                                   True, stubbed, self.limits, deadline, notebook, explain)
+                                   True, stubbed, self.limits, deadline, notebook, explain, backend)
         failing = [e for e in exercises
                    if not all(c.passed for c in hidden_res[e.id])
                    and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
         public_res = run_and_grade(server, files, [(e, exp[e.id][0], exp[e.id][1]) for e in failing],
-                                   False, stubbed, self.limits, deadline, notebook, explain) if failing else {}
+                                   False, stubbed, self.limits, deadline, notebook, explain,
+                                   backend) if failing else {}
         scores, feedback, spent = {}, {}, False
         for e in exercises:
             cases = public_res.get(e.id, []) + hidden_res[e.id]
@@ -174,14 +191,24 @@ class Grader:
                 package = unpack(sub, RELEASE_LIBRARY, Path(tmp)).parent
                 files = package_files(package)
                 stubbed = stubbed_exercises(package)
-            result.scores, result.feedback, result.budget_spent = self._run(slot, self.exercises, files, stubbed,
-                                                                            deadline)
+            result.backend = self.backend
+            result.scores, result.feedback, result.budget_spent = self._run(
+                slot, self.exercises, files, stubbed, deadline, backend=self.backends[0])
+            for other in self.backends[1:]:  # for information: its own budget, never the score
+                s, fb, spent = self._run(slot, self.exercises, files, stubbed,
+                                         time.monotonic() + self.limits.per_archive_s, backend=other)
+                for ex_id, verdict in fb.items():
+                    result.feedback[ex_id].setdefault("other", {})[other] = {
+                        "status": verdict["status"], "score": s[ex_id],
+                        "cases": [c for c in verdict["cases"] if not c["passed"]]}
+                result.budget_spent |= spent
             if self.notebooks:
                 from .nbgrader_bridge import notebook_jobs
 
                 for ch, cells, problems in notebook_jobs(sub, self.exercises):
                     chosen = [e for e in self.exercises if e.chapter == ch]
-                    s, fb, spent = self._run(slot, chosen, files, set(), deadline, notebook=cells)
+                    s, fb, spent = self._run(slot, chosen, files, set(), deadline, notebook=cells,
+                                             backend=self.backends[0])
                     for ex_id, why in problems.items():
                         s[ex_id] = 0.0
                         fb[ex_id] = {"status": "fail", "points": fb[ex_id]["points"],
@@ -288,7 +315,7 @@ def main_grade(args) -> int:
     limits = Limits(per_exercise_s=30, per_archive_s=args.budget, cpu_s=120)
     g = Grader(Path(args.out), args.exercises, jobs=args.jobs, limits=limits,
                use_bwrap=False if args.no_bwrap else None, ci_secret=args.ci_secret, roster=roster,
-               require_token=not args.trust_manifest_ids, notebooks=args.notebooks)
+               require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend)
     if g.use_bwrap is not False:
         from .sandbox import bwrap_works
 

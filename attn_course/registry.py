@@ -38,6 +38,9 @@ class Case:
     name: str
     inputs: dict[str, Any]
     note: str = ""  # what the case checks, shown when it fails
+    # Run op by op, never compiled: the check this case tests is on a value computed
+    # from the inputs (a zero length), which JAX's jit sees only as a tracer and skips.
+    eager: bool = False
 
 
 Probe = Callable[..., Any]
@@ -60,6 +63,7 @@ class Exercise:
     rtol: float = 1e-9
     atol: float = 1e-12
     hint: str = ""
+    tol_mlx: tuple[float, float] | None = None  # least (rtol, atol) on MLX (default: scoring.MLX_TOLERANCE)
 
     @property
     def chapter(self) -> int:

@@ -92,7 +92,7 @@ def public_cases(exercises: dict[str, Exercise], chapter: int) -> dict:
             "book": e.book_page, "rtol": e.rtol, "atol": e.atol,
             "cases": [
                 {"name": c.name, "note": c.note, "inputs": values.encode(c.inputs),
-                 "expected": values.encode(x.public_dict())}
+                 "expected": values.encode(x.public_dict()), **({"eager": True} if c.eager else {})}
                 for c, x in zip(cases, expected)
             ],
         }

@@ -75,6 +75,13 @@ def _section(out: list[str], title: str, scores: dict, feedback: dict, exercises
             out += _case_lines(fb)
             if e.hint:
                 out.append(f"\nHint: {e.hint}")
+        for backend, other in sorted(fb.get("other", {}).items()):  # grade --backend both
+            verdict = "all cases pass" if other.get("status") == "pass" else "not implemented" if other.get(
+                "status") == "not_implemented" else "some cases fail"
+            out.append(f"\nOn {backend.upper()} (for information, not scored): {verdict} "
+                       f"({other.get('score', 0.0):g}/{e.points}).")
+            if other.get("status") not in ("pass", "not_implemented"):
+                out += _case_lines(other)
         out.append("")
 
 

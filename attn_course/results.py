@@ -57,6 +57,7 @@ class ArchiveResult:
     budget_spent: bool = False
     sandbox: str = ""
     seconds: float = 0.0
+    backend: str = "jax"  # what the library ran on: "jax", "mlx" or "both" (scored on JAX)
     format: int = RESULT_FORMAT
 
     @property

@@ -83,14 +83,17 @@ def describe_exit(rc: int | None) -> str:
 
 def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Exercise, list[Case]]],
                limits: Limits, deadline: float | None = None,
-               notebook: dict | None = None) -> dict[str, list[Outcome]]:
+               notebook: dict | None = None, backend: str = "jax") -> dict[str, list[Outcome]]:
     """Each exercise's outcomes (one per case, or one for all when it failed as a whole).
 
     ``deadline`` (``time.monotonic()``) is the archive's budget: what has not
     run by then is reported as ``budget``.  ``notebook`` (see
     :func:`attn_course.worker.run_job`): the functions are a notebook's
     answer cells, run over ``files``, instead of the package's own.
+    ``backend``: the framework the worker runs the cases on, "jax" or "mlx".
     """
+    if backend not in ("jax", "mlx"):
+        raise ValueError(f"unknown backend {backend!r}: jax or mlx")
     raw: dict[str, list[Outcome]] = {}
     remaining = list(items)
     while remaining:
@@ -100,10 +103,13 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 raw[ex_id] = [Outcome.failure("budget", "not run: the archive's time budget was spent")]
             break
         job = {"files": files, "cpu_s": limits.cpu_s,
-               "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs)}
+               "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs),
+                                                      **({"eager": True} if c.eager else {})}
                                                      for c in cases]} for ex, cases in remaining]}
         if notebook is not None:
             job["notebook"] = notebook
+        if backend != "jax":
+            job["backend"] = backend
         current, started, verdict, done, received = None, time.monotonic(), None, None, 0
         seen: set[str] = set()  # each exercise starts (and resets the clock) once
         starts = server.starts
@@ -168,11 +174,12 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
 def run_and_grade(server: WorkerServer, files: dict[str, str],
                   items: list[tuple[Exercise, list[Case], list[Outcome]]], hidden: bool, stubbed: set[str],
                   limits: Limits, deadline: float | None = None,
-                  notebook: dict | None = None, diagnose=None) -> dict[str, list[CaseResult]]:
+                  notebook: dict | None = None, diagnose=None, backend: str = "jax") -> dict[str, list[CaseResult]]:
     """Run (exercise, cases, expected outcomes) in the worker and score each case: the one path
-    of ``check``, ``grade`` and the notebooks' grading."""
-    raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, deadline, notebook)
-    return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed, diagnose)
+    of ``check``, ``grade`` and the notebooks' grading.  ``backend``: "jax" or "mlx" (the
+    expected outcomes are the same, the tolerances :func:`attn_course.scoring.tolerance`'s)."""
+    raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, deadline, notebook, backend)
+    return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed, diagnose, backend)
             for e, cases, expected in items}
 
 
@@ -190,15 +197,17 @@ def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = 
 
     jax.config.update("jax_enable_x64", True)
     from .worker import evaluate_all, resolve
+
+    cases = list(cases)
     from .xla_cache import cache_dir, enable_compile_cache, worker_cache_dir, worker_keys
 
     fn = resolve(ex.function)
     if worker_cache:
         enable_compile_cache(worker_cache_dir())
         with worker_keys():
-            raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases])
+            raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases], eager=[c.eager for c in cases])
         enable_compile_cache(cache_dir())
     else:
         enable_compile_cache()
-        raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases])
+        raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases], eager=[c.eager for c in cases])
     return [Outcome.from_dict(values.decode(values.encode(r))) for r in raw]

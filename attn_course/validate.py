@@ -3,7 +3,10 @@
 The reference is the repository's ``attn_tensors``; the stub is the student
 release built from it.  Both run in workers exactly as a submission would,
 on the public cases and on hidden cases, against expected values computed by
-the reference in this process.
+the reference in this process.  With ``backend="mlx"`` the workers run the
+cases on MLX arrays (the expected values stay the JAX reference's; the
+tolerances are :func:`attn_course.scoring.tolerance`'s): one worker job per
+side holds every exercise, and MLX runs eagerly, so nothing is recompiled.
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ def cases_and_expected(exercises: list[Exercise]):
     return out
 
 
-def run_side(package: Path, exercises: list[Exercise], data) -> dict[str, ExerciseResult]:
+def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax") -> dict[str, ExerciseResult]:
     items = [(e, data[e.id][0] + data[e.id][2]) for e in exercises]
     limits = Limits(per_exercise_s=300, per_archive_s=7200)
     server = WorkerServer(Plain(limits))
     try:
-        raw = run_worker(server, package_files(package), items, limits)
+        raw = run_worker(server, package_files(package), items, limits, backend=backend)
     finally:
         server.close()
     results = {}
@@ -42,34 +45,50 @@ def run_side(package: Path, exercises: list[Exercise], data) -> dict[str, Exerci
         got = raw.get(e.id, [])
         if len(got) == 1:
             got = got * (len(public) + len(hidden))
-        cr = grade(e, public, exp_p, got[: len(public)], False, stubbed)
-        cr += grade(e, hidden, exp_h, got[len(public):], True, stubbed)
+        cr = grade(e, public, exp_p, got[: len(public)], False, stubbed, backend=backend)
+        cr += grade(e, hidden, exp_h, got[len(public):], True, stubbed, backend=backend)
         results[e.id] = ExerciseResult(e, cr)
     return results
 
 
-def two_sided(exercises: list[Exercise]) -> tuple[dict, dict]:
-    """(reference results, stub results) for the exercises."""
+def two_sided(exercises: list[Exercise], backend: str = "jax", data=None) -> tuple[dict, dict]:
+    """(reference results, stub results) for the exercises, run on ``backend``.
+
+    ``data``: :func:`cases_and_expected` of the exercises, when the caller has it already.
+    """
     from .release import write_stubs
 
-    data = cases_and_expected(exercises)
-    ref = run_side(ROOT, exercises, data)
+    data = data or cases_and_expected(exercises)
+    ref = run_side(ROOT, exercises, data, backend)
     with tempfile.TemporaryDirectory() as tmp:
         write_stubs(Path(tmp), all_exercises(), strict=False)
-        stub = run_side(Path(tmp), exercises, data)
+        stub = run_side(Path(tmp), exercises, data, backend)
     return ref, stub
 
 
-def validate(spec: str = "all") -> bool:
+def validate(spec: str = "all", backend: str = "jax") -> bool:
+    """Print one line per exercise (and backend); True when every reference passes and every stub fails.
+
+    ``backend``: "jax", "mlx" or "both".
+    """
     exercises = select(spec)
-    ref, stub = two_sided(exercises)
+    backends = ("jax", "mlx") if backend == "both" else (backend,)
+    data = cases_and_expected(exercises)
+    ok = True
+    for b in backends:
+        ok &= _report(exercises, *two_sided(exercises, b, data), b if backend != "jax" else "")
+    return ok
+
+
+def _report(exercises: list[Exercise], ref: dict, stub: dict, label: str) -> bool:
     ok = True
     for e in exercises:
         r, s = ref[e.id], stub[e.id]
         fails_on_stub = not any(c.passed for c in s.cases)
         good = r.passed and fails_on_stub
         ok &= good
-        print(f"{'ok ' if good else 'BAD'} {e.id:<5} reference {'passes' if r.passed else 'FAILS'}"
+        on = f" [{label}]" if label else ""
+        print(f"{'ok ' if good else 'BAD'} {e.id:<5}{on} reference {'passes' if r.passed else 'FAILS'}"
               f" ({len(r.cases)} cases); stub {'fails' if fails_on_stub else 'PASSES SOME'} ({s.status.value})")
         if not r.passed:
             for c in r.cases:

@@ -13,6 +13,14 @@ A result is ``{"status": "ok", "value": {...arrays...}}``, ``{"status":
 The worker never sees expected values: it gets inputs and returns outputs,
 and the trusted parent compares them (:mod:`attn_course.runner`).  The same
 :func:`evaluate` computes the reference outputs in the parent.
+
+A job names its backend (``"backend": "jax"``, the default, or ``"mlx"``):
+the cases' NumPy inputs become arrays of that framework, the probes take
+gradients with its autodiff (:mod:`attn_course.specs._gen`), and the outputs
+come back as NumPy arrays.  JAX cases of an exercise are compiled as one
+program; MLX cases run eagerly (MLX is lazy, and compiling saves nothing on
+inputs this small), on MLX's CPU device, where float64 exists.  Code that
+mixes the two frameworks is reported as :class:`BackendMismatch`, with the fix.
 """
 
 from __future__ import annotations
@@ -37,16 +45,25 @@ from .regions import exercise_of_stub
 MAX_MESSAGE = 400
 
 
-def to_backend(value: Any) -> Any:
-    """NumPy arrays in a case become JAX arrays; everything else is unchanged."""
+BACKENDS = ("jax", "mlx")
+_FRAMEWORK = {"jax": ("jax", "jaxlib"), "mlx": ("mlx",)}  # the root modules of each backend's arrays
+
+
+def to_backend(value: Any, backend: str = "jax") -> Any:
+    """NumPy arrays in a case become JAX (or MLX) arrays of the same dtype; everything else is unchanged."""
     if isinstance(value, np.ndarray):
+        if backend == "mlx":
+            import mlx.core as mx
+
+            dtype = getattr(mx, "bool_" if value.dtype == np.bool_ else value.dtype.name)
+            return mx.array(np.ascontiguousarray(value), dtype=dtype)  # MLX refuses negative strides
         import jax.numpy as jnp
 
         return jnp.asarray(value)
     if isinstance(value, list):
-        return [to_backend(v) for v in value]
+        return [to_backend(v, backend) for v in value]
     if isinstance(value, dict):
-        return {k: to_backend(v) for k, v in value.items()}
+        return {k: to_backend(v, backend) for k, v in value.items()}
     return value
 
 
@@ -54,10 +71,64 @@ class NotPlainValue(TypeError):
     pass
 
 
-def _array(x: Any, where: str) -> np.ndarray:
+class BackendMismatch(TypeError):
+    """The submission used the other framework's functions (or arrays) in this backend's run."""
+
+
+def mismatch_message(backend: str, exercise: str = "") -> str:
+    """What went wrong when code for one framework met the other's arrays, and the two fixes."""
+    ex = exercise or "EXERCISE"
+    fix = "write it with xp = namespace(...) from attn_tensors.backend, which follows the arrays"
+    if backend == "mlx":
+        return (f"your code called jax.numpy on MLX arrays (this check runs on MLX): {fix}, "
+                f"or check it on JAX: `attn-course check {ex}` (JAX is the default)")
+    return (f"your code called mlx.core on JAX arrays (this check runs on JAX): {fix}, "
+            f"or check it on MLX: `attn-course check {ex} --backend mlx`")
+
+
+# Words of the errors that JAX and MLX raise when handed the other's arrays
+# (``mx.einsum`` on JAX arrays: "std::bad_cast"; ``mx.sum``: nanobind's
+# "incompatible function arguments ... Invoked with types: jaxlib...";
+# ``jnp.exp`` on an MLX array: "... as an abstract array ... mlx.core.array").
+_MLX_WORDS = ("mlx.core", "incompatible function arguments", "array initialization", "'array'")
+_JAX_WORDS = ("jax", "Tracer", "abstract array", "requires ndarray or scalar arguments")
+
+
+def _is_mismatch(err: BaseException, backend: str = "jax") -> bool:
+    """True when ``err`` (or an exception it chains) is a framework refusing the other's arrays.
+
+    On JAX, only once something imported MLX (the worker itself never does on JAX).
+    """
+    if backend == "jax" and "mlx.core" not in sys.modules:
+        return False
+    seen = 0
+    while err is not None and seen < 8:
+        msg = _text(err)
+        if ("bad_cast" in msg or "got both MLX and JAX" in msg
+                or (any(w in msg for w in _MLX_WORDS) and any(w in msg for w in _JAX_WORDS))):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def _has_array(value: Any) -> bool:
+    """True when a case's inputs hold an array (whose backend the outputs must then follow)."""
+    if isinstance(value, np.ndarray):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_array(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_array(v) for v in value.values())
+    return False
+
+
+def _array(x: Any, where: str, backend: str | None = None) -> np.ndarray:
     if isinstance(x, (bool, int, float, np.number, np.bool_)):
         return np.asarray(x)
-    if type(x).__module__.split(".")[0] not in ("jax", "jaxlib", "numpy", "mlx"):
+    root = type(x).__module__.split(".")[0]
+    if backend is not None and root in sum((v for k, v in _FRAMEWORK.items() if k != backend), ()):
+        raise BackendMismatch(f"{where} is a {root} array")
+    if root not in ("jax", "jaxlib", "numpy", "mlx"):
         raise NotPlainValue(f"{where} is a {type(x).__name__}, expected an array")
     try:
         a = np.asarray(x)
@@ -70,15 +141,18 @@ def _array(x: Any, where: str) -> np.ndarray:
     return a
 
 
-def flatten(result: Any, where: str = "the result") -> dict[str, np.ndarray]:
-    """Named arrays from an array, a (named) tuple or a dict of arrays."""
+def flatten(result: Any, where: str = "the result", backend: str | None = None) -> dict[str, np.ndarray]:
+    """Named arrays from an array, a (named) tuple or a dict of arrays.
+
+    With ``backend``, an array of the other framework is a :class:`BackendMismatch`.
+    """
     if isinstance(result, dict):
-        return {str(k): _array(v, f"{where}[{k!r}]") for k, v in result.items()}
+        return {str(k): _array(v, f"{where}[{k!r}]", backend) for k, v in result.items()}
     if isinstance(result, tuple) and hasattr(result, "_fields"):
-        return {f: _array(getattr(result, f), f"{where}.{f}") for f in result._fields}
+        return {f: _array(getattr(result, f), f"{where}.{f}", backend) for f in result._fields}
     if isinstance(result, (tuple, list)):
-        return {str(i): _array(v, f"{where}[{i}]") for i, v in enumerate(result)}
-    return {"value": _array(result, where)}
+        return {str(i): _array(v, f"{where}[{i}]", backend) for i, v in enumerate(result)}
+    return {"value": _array(result, where, backend)}
 
 
 def _where(tb) -> str:
@@ -121,8 +195,11 @@ def _text(err: BaseException) -> str:
         return "(its message cannot be printed)"
 
 
-def _failure(err: Exception) -> dict[str, Any]:
+def _failure(err: Exception, backend: str = "jax", exercise: str = "") -> dict[str, Any]:
     """The outcome of a case that raised ``err``."""
+    if isinstance(err, BackendMismatch) or (not isinstance(err, NotImplementedError) and _is_mismatch(err, backend)):
+        return {"status": "raised", "type": "BackendMismatch", "message": mismatch_message(backend, exercise),
+                "where": _where(err.__traceback__)}
     if isinstance(err, NotImplementedError):
         return {"status": "not_implemented", "exercise": exercise_of_stub(_text(err)) or "",
                 "message": _text(err), "where": _where(err.__traceback__)}
@@ -136,13 +213,45 @@ def _failure(err: Exception) -> dict[str, Any]:
             "where": _where(err.__traceback__)}
 
 
-def evaluate(fn: Any, probe: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    """One case: the probe's outputs as plain arrays, or what went wrong."""
+def _run_probe_mlx(fn: Any, probe: Any, inputs: dict[str, Any]) -> Any:
+    """The probe on MLX arrays, eagerly, on MLX's CPU device (the only one with float64)."""
+    import mlx.core as mx
+
+    with mx.stream(mx.cpu):
+        out = probe(fn, **to_backend(inputs, "mlx"))
+        leaves = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out]
+        mx.eval([x for x in leaves if isinstance(x, mx.array)])  # MLX is lazy: errors surface here
+    return out
+
+
+def evaluate(fn: Any, probe: Any, inputs: dict[str, Any], backend: str = "jax",
+             exercise: str = "") -> dict[str, Any]:
+    """One case: the probe's outputs as plain arrays, or what went wrong.
+
+    ``exercise`` (its id) only makes a backend mismatch's message name the command to run.
+    """
+    follow = backend if _has_array(inputs) else None  # a constructor without `like` gives JAX arrays
     try:
-        out = _run_probe(fn, probe, inputs)
-        return {"status": "ok", "value": flatten(out)}
+        out = _run_probe_mlx(fn, probe, inputs) if backend == "mlx" else _run_probe(fn, probe, inputs)
+        return {"status": "ok", "value": flatten(out, backend=follow)}
     except Exception as err:  # noqa: BLE001 - the submission's exception is data
-        return _failure(err)
+        return _failure(err, backend, exercise)
+
+
+def _eager(fn: Any, probe: Any, inputs: dict[str, Any], exercise: str = "") -> dict[str, Any]:
+    """One JAX case op by op, never compiled (a case marked ``eager``).
+
+    Under ``jit`` only the inputs are concrete; a check on a value computed
+    from them (a vector of zero length) sees a tracer and is skipped, so the
+    program returns nan where the code raises when it runs op by op.  Eager
+    JAX costs seconds per case, so only the cases that test such a check
+    (:attr:`attn_course.registry.Case.eager`) run this way.
+    """
+    follow = "jax" if _has_array(inputs) else None
+    try:
+        return {"status": "ok", "value": flatten(probe(fn, **to_backend(inputs)), backend=follow)}
+    except Exception as err:  # noqa: BLE001 - the submission's exception is data
+        return _failure(err, "jax", exercise)
 
 
 def load_package(folder: str | Path) -> Any:
@@ -175,19 +284,30 @@ def _concrete_check_type() -> type:
     return getattr(mod, "AttentionInputError", _ConcreteCheck) if mod else _ConcreteCheck
 
 
-def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every case of an exercise: those that trace go into ONE XLA program.
+def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]], backend: str = "jax",
+                 exercise: str = "", eager: list[bool] | None = None) -> list[dict[str, Any]]:
+    """Every case of an exercise: on JAX, those that trace go into ONE XLA program.
 
     Compiling dominates a worker's time, so the cases are traced together in
     one ``jit`` (inputs as constants, as in :func:`_run_probe`), each inside
     its own ``try``: a case that raises while tracing (a check that refuses
     its input, a stub, code that cannot be traced) is left out of the
     program and evaluated on its own by :func:`evaluate`, exactly as before.
+    Cases marked in ``eager`` run op by op (:func:`_eager`).  On MLX each case
+    is evaluated on its own (MLX is eager anyway).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}")
+    if backend == "mlx":
+        return [evaluate(fn, probe, x, backend, exercise) for x in inputs]
+    eager = list(eager or [False] * len(inputs))
+    if any(eager):
+        compiled = evaluate_all(fn, probe, [x for x, e in zip(inputs, eager) if not e], backend, exercise)
+        return [_eager(fn, probe, x, exercise) if e else compiled.pop(0) for x, e in zip(inputs, eager)]
+    if len(inputs) < 2:
+        return [evaluate(fn, probe, x, backend, exercise) for x in inputs]
     import jax
 
-    if len(inputs) < 2:
-        return [evaluate(fn, probe, x) for x in inputs]
     _CONCRETE_CHECK = _concrete_check_type()
     args = [to_backend(x) for x in inputs]
     traced: list[int] = []
@@ -207,17 +327,19 @@ def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]]) -> list[dict
 
     try:
         outs = jax.jit(together)()
-        done = {i: {"status": "ok", "value": flatten(o)} for i, o in zip(traced, outs)}
+        done = {i: {"status": "ok", "value": flatten(o, backend=backend if _has_array(inputs[i]) else None)}
+                for i, o in zip(traced, outs)}
     except Exception:  # noqa: BLE001 - e.g. an output that is not an array: case by case
         done, refused = {}, {}
-    done.update({i: _failure(err) for i, err in refused.items()})
-    return [done[i] if i in done else evaluate(fn, probe, x) for i, x in enumerate(inputs)]
+    done.update({i: _failure(err, backend, exercise) for i, err in refused.items()})
+    return [done[i] if i in done else evaluate(fn, probe, x, backend, exercise) for i, x in enumerate(inputs)]
 
 
-def _exercise_results(ex: Any, fn: Any, cases: list[dict], error: str | None) -> list[dict]:
+def _exercise_results(ex: Any, fn: Any, cases: list[dict], error: str | None, backend: str = "jax") -> list[dict]:
     if error:
         return [{"status": "raised", "type": "ImportError", "message": error[:MAX_MESSAGE]}] * len(cases)
-    return evaluate_all(fn, ex.probe, [values.decode(case["inputs"]) for case in cases])
+    return evaluate_all(fn, ex.probe, [values.decode(case["inputs"]) for case in cases], backend, ex.id,
+                        [case.get("eager") is True for case in cases])
 
 
 class _Notebook:
@@ -270,10 +392,16 @@ class _Notebook:
 
 
 def run_job(job: dict, package: Path, out) -> None:
-    """Each exercise of the job on the package; one JSON line per exercise to ``out``."""
+    """Each exercise of the job on the package; one JSON line per exercise to ``out``.
+
+    ``job["backend"]`` ("jax" when absent, or "mlx") is the framework of the case inputs.
+    """
     from .registry import all_exercises
 
     exercises = all_exercises()
+    backend = job.get("backend", "jax")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}")
     try:
         load_package(package)
         load_error = None
@@ -294,7 +422,7 @@ def run_job(job: dict, package: Path, out) -> None:
                 fn = resolve(ex.function)
             except BaseException as err:  # noqa: BLE001
                 error = f"cannot import attn_tensors.{ex.function}: {type(err).__name__}: {err}"
-        results = _exercise_results(ex, fn, item["cases"], error)
+        results = _exercise_results(ex, fn, item["cases"], error, backend)
         out.write(json.dumps({"id": ex.id, "results": values.encode(results)}, allow_nan=False) + "\n")
         out.flush()
 

@@ -141,8 +141,10 @@ def elu_plus_one(x: Any) -> Any:
     xp = namespace(x)
     (x,) = xp.floating(xp.asarray(x))
     ### BEGIN SOLUTION 9.5
-    # exp only sees x <= 0, so neither branch overflows (nor its gradient).
-    return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, xp.zeros_like(x))))
+    # exp only sees x <= 0, so neither branch overflows (nor its gradient); a
+    # where, not a minimum, so that the derivative at the kink x = 0 is exp(0) = 1
+    # on every backend (minimum's derivative at a tie is 1/2 in JAX, 0 in MLX).
+    return xp.where(x > 0, x + 1, xp.exp(xp.where(x > 0, xp.zeros_like(x), x)))
     ### END SOLUTION
 
 

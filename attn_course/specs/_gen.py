@@ -4,6 +4,13 @@ Generators take a ``numpy.random.Generator`` and return NumPy arrays (float64
 unless a case asks for float32).  Probes run inside the worker on the
 student's function and return named arrays; the trusted side runs the same
 probe on the reference.
+
+A probe is written once for both backends of a check (``--backend jax`` or
+``mlx``): the worker hands it JAX or MLX arrays, and the probe takes its
+array functions from :func:`xp` and its autodiff from :func:`grad`, which
+follow the arrays they are given.  These are the course's own (not
+:func:`attn_tensors.backend.namespace`): in a worker, ``attn_tensors`` is the
+student's package, and a probe must not depend on what it contains.
 """
 
 from __future__ import annotations
@@ -11,6 +18,54 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+
+
+def _is_mlx(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "mlx"
+
+
+def xp(*arrays: Any) -> Any:
+    """The array module of the arrays (``mlx.core`` for MLX arrays, else ``jax.numpy``)."""
+    if any(_is_mlx(a) for a in arrays):
+        import mlx.core as mx
+
+        return mx
+    import jax.numpy as jnp
+
+    return jnp
+
+
+def asarray(value: Any, like: Any) -> Any:
+    """``value`` as an array of ``like``'s backend and dtype."""
+    if _is_mlx(like):
+        import mlx.core as mx
+
+        return mx.array(value, dtype=like.dtype)
+    import jax.numpy as jnp
+
+    return jnp.asarray(value, dtype=like.dtype)
+
+
+def grad(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    """``jax.grad(f, argnums)`` or ``mlx.core.grad(f, argnums)``, by the arguments' backend."""
+
+    def g(*args: Any) -> Any:
+        if any(_is_mlx(a) for a in args):
+            import mlx.core as mx
+
+            return mx.grad(f, argnums=argnums)(*args)
+        import jax
+
+        return jax.grad(f, argnums=argnums)(*args)
+
+    return g
+
+
+def itemsize(x: Any) -> int:
+    """Bytes per element of an array of either backend (or NumPy)."""
+    if _is_mlx(x):
+        return int(x.dtype.size)
+    return int(np.dtype(x.dtype).itemsize)
 
 
 def normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
@@ -62,27 +117,24 @@ def finite_sum(x):
     Weighted, so that a softmax output (whose rows sum to one) still has a
     non-zero gradient; infinite entries (dead rows) are left out.
     """
-    import jax.numpy as jnp
-
-    w = jnp.cos(1.0 + jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape)
-    return jnp.sum(jnp.where(jnp.isfinite(x), x, 0.0) * w)
+    m = xp(x)
+    w = m.cos(1.0 + m.arange(x.size, dtype=x.dtype)).reshape(x.shape)
+    return m.sum(m.where(m.isfinite(x), x, 0.0) * w)
 
 
 def with_grad(arg: str, loss: Callable[[Any], Any] = finite_sum, name: str = "value") -> Callable:
-    """A probe returning the value and ``jax.grad`` of ``loss(value)`` wrt input ``arg``.
+    """A probe returning the value and the gradient of ``loss(value)`` wrt input ``arg``.
 
     The gradient checks what the exercises ask of autodiff: no nan at dead
     rows or zero weights, and the right derivative elsewhere.
     """
 
     def probe(fn, **inputs):
-        import jax
-
         def f(x):
             return fn(**{**inputs, arg: x})
 
         value = f(inputs[arg])
-        grad = jax.grad(lambda x: loss(f(x)))(inputs[arg])
-        return {name: value, f"d/d{arg}": grad}
+        dx = grad(lambda x: loss(f(x)))(inputs[arg])
+        return {name: value, f"d/d{arg}": dx}
 
     return probe

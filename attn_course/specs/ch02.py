@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Case, Exercise
-from ._gen import finite_sum, mask, normal, sizes
+from ._gen import finite_sum, grad, mask, normal, sizes
 
 
 def _probabilities(rng, *shape, dead_row=False):
@@ -55,15 +55,13 @@ def _scores_cases(rng, hidden):
 
 def _softmax_probe(fn, **inputs):
     """A, log Z, and the gradients wrt S of a weighted sum of each (finite entries only)."""
-    import jax
-
     def f(S):
         A, log_Z = fn(**{**inputs, "S": S})
         return A, log_Z
 
     A, log_Z = f(inputs["S"])
-    dA = jax.grad(lambda S: finite_sum(f(S)[0]))(inputs["S"])
-    dlogZ = jax.grad(lambda S: finite_sum(f(S)[1]))(inputs["S"])
+    dA = grad(lambda S: finite_sum(f(S)[0]))(inputs["S"])
+    dlogZ = grad(lambda S: finite_sum(f(S)[1]))(inputs["S"])
     return {"A": A, "log_Z": log_Z, "d/dS (w . A)": dA, "d/dS (w . log_Z)": dlogZ}
 
 

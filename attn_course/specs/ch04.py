@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Case, Exercise
-from ._gen import normal, sizes, spd
+from ._gen import normal, sizes, spd, xp
 
 # -- 4.1 angles ------------------------------------------------------------------
 
@@ -55,7 +55,7 @@ def _angle_cases(rng, hidden):
                            "g": np.stack([spd(rng, d) for _ in range(b)])[:, None]},
              f"u ({b}, {n}, {d}), v ({n}, {d}), g ({b}, 1, {d}, {d}): leading axes broadcast"),
         Case("zero vector", {"u": u_zero, "v": v_zero, "g": spd(rng, d)},
-             "one vector is zero: its angle is undefined, raise AttentionInputError"),
+             "one vector is zero: its angle is undefined, raise AttentionInputError", eager=True),
     ]
 
 
@@ -63,20 +63,20 @@ def _angle_cases(rng, hidden):
 
 
 def metric_field(G0, G1=None, G2=None, W0=None, W1=None):
-    """The metric field g(x) described in the module docstring, in JAX."""
-    import jax.numpy as jnp
+    """The metric field g(x) described in the module docstring, in x's backend (JAX or MLX)."""
 
     def g(x):
+        ops = xp(x)
         out = G0 + 0 * x[0]  # a constant metric still depends (trivially) on x
         if G1 is not None:
-            out = out + jnp.einsum("c,cab->ab", x, G1)
+            out = out + ops.einsum("c,cab->ab", x, G1)
         if G2 is not None:
-            out = out + jnp.einsum("c,e,ceab->ab", x, x, G2)
+            out = out + ops.einsum("c,e,ceab->ab", x, x, G2)
         if W0 is not None or W1 is not None:
             W = 0 * G0 if W0 is None else W0
             if W1 is not None:
-                W = W + jnp.einsum("ace,e->ac", W1, jnp.sin(x))
-            out = out + jnp.einsum("ac,bc->ab", W, W)
+                W = W + ops.einsum("ace,e->ac", W1, ops.sin(x))
+            out = out + ops.einsum("ac,bc->ab", W, W)
         return out
 
     return g

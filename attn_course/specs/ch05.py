@@ -249,6 +249,7 @@ EXERCISES = [
         # eps |f''| / 2 ~ 1e-4 at eps = 1e-3, a step of 2 eps or a missing 2
         # by a factor of 2, float32 arithmetic by ~1e-1 at eps = 1e-6.
         rtol=1e-6, atol=1e-8,
+        tol_mlx=(1e-6, 1e-8),  # f and the differences are NumPy float64 on MLX too: no MLX rounding
         hint="Work on a float64 copy of x: change one entry by +eps and by -eps, call f on a copy "
         "each time, and put the entry back before moving to the next one.",
     ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Case, Exercise
-from ._gen import normal, sizes
+from ._gen import itemsize, normal, sizes
 
 
 # -- 7.1 causal mask -----------------------------------------------------------
@@ -113,7 +113,7 @@ def _alibi_probe(fn, **inputs):
     """The slopes (as float64) and the bit width of their float dtype."""
     m = fn(**inputs)
     return {"slopes": np.asarray(m, dtype=np.float64),
-            "dtype_bits": np.asarray(8 * np.dtype(m.dtype).itemsize, dtype=np.int64)}
+            "dtype_bits": np.asarray(8 * itemsize(m), dtype=np.int64)}
 
 
 # -- 7.5 trilinear scores -------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Case, Exercise
-from ._gen import finite_sum, normal, sizes, with_grad
+from ._gen import asarray, finite_sum, grad, normal, sizes, with_grad
 
 # -- 8.1 Hebbian weights -------------------------------------------------------------
 
@@ -199,17 +199,14 @@ def _energy_cases(rng, hidden):
 
 
 def _energy_probe(fn, **inputs):
-    """E, and jax.grad of a weighted sum of E with respect to xi and to beta (traced)."""
-    import jax
-    import jax.numpy as jnp
-
+    """E, and the gradient of a weighted sum of E with respect to xi and to beta (traced)."""
     E = fn(**inputs)
     xi = inputs["xi"]
 
     def loss(x, b):
         return finite_sum(fn(**{**inputs, "xi": x, "beta": b}))
 
-    dxi, dbeta = jax.grad(loss, argnums=(0, 1))(xi, jnp.asarray(inputs["beta"], dtype=xi.dtype))
+    dxi, dbeta = grad(loss, argnums=(0, 1))(xi, asarray(inputs["beta"], like=xi))
     return {"E": E, "dE/dxi": dxi, "dE/dbeta": dbeta}
 
 

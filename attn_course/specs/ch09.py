@@ -6,8 +6,9 @@ regression: Nadaraya-Watson, the positive random features of the Performer,
 and linear attention with elu + 1 features.  Random features take their
 projection ``omega`` as an input array, so every output is deterministic.
 Kernels and feature maps passed to the graded functions are written here
-with ``jax.numpy`` (the same callables run on the submission and on the
-reference), so the cases grade the regression, not the kernel.
+with the arrays' own module (``jax.numpy`` or ``mlx.core``, by :func:`xp`; the
+same callables run on the submission and on the reference), so the cases
+grade the regression, not the kernel.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Case, Exercise
-from ._gen import finite_sum, mask, normal, sizes, spd, with_grad
+from ._gen import finite_sum, grad, mask, normal, sizes, spd, with_grad, xp
 
 INF = np.inf
 
@@ -32,14 +33,12 @@ def _state(rng, shape, b=3, offset=0.0, scale=1.0):
 
 def _online_probe(fn, **inputs):
     """m', l' and the gradients of a weighted sum of l' wrt x_new and m (m' is a constant)."""
-    import jax
-
     def l_new(m, x):
         return fn(**{**inputs, "m": m, "x_new": x})[1]
 
     m_new, l_val = fn(**inputs)
-    dx = jax.grad(lambda x: finite_sum(l_new(inputs["m"], x)))(inputs["x_new"])
-    dm = jax.grad(lambda m: finite_sum(l_new(m, inputs["x_new"])))(inputs["m"])
+    dx = grad(lambda x: finite_sum(l_new(inputs["m"], x)))(inputs["x_new"])
+    dm = grad(lambda m: finite_sum(l_new(m, inputs["x_new"])))(inputs["m"])
     return {"m_new": m_new, "l_new": l_val, "d/dx_new (w . l_new)": dx, "d/dm (w . l_new)": dm}
 
 
@@ -81,11 +80,10 @@ def _online_cases(rng, hidden):
 
 def _rbf_log_kernel(Q, K, log=True, sigma=1.0):
     """log kappa^{ij} = -|q^i - k^j|^2 / (2 sigma^2), literally (a kernel for the cases)."""
-    import jax.numpy as jnp
-
+    ops = xp(Q, K)
     diff = Q[..., :, None, :] - K[..., None, :, :]
-    log_kappa = -jnp.sum(diff * diff, axis=-1) / (2.0 * sigma**2)
-    return log_kappa if log else jnp.exp(log_kappa)
+    log_kappa = -ops.sum(diff * diff, axis=-1) / (2.0 * sigma**2)
+    return log_kappa if log else ops.exp(log_kappa)
 
 
 def _nw_probe(fn, kernel="exponential", **inputs):
@@ -189,10 +187,9 @@ def _features(omega):
     """phi(x)^c = exp(omega^{ca} x^a - |x|^2/2) / sqrt(m): positive features with d_phi = m."""
 
     def phi(X):
-        import jax.numpy as jnp
-
-        u = jnp.einsum("...a,ca->...c", X, omega) - 0.5 * jnp.sum(X * X, axis=-1, keepdims=True)
-        return jnp.exp(u) / np.sqrt(omega.shape[0])
+        ops = xp(X)
+        u = ops.einsum("...a,ca->...c", X, omega) - 0.5 * ops.sum(X * X, axis=-1, keepdims=True)
+        return ops.exp(u) / np.sqrt(omega.shape[0])
 
     return phi
 
@@ -205,11 +202,9 @@ def _linear_probe(fn, x, omega=None, **inputs):
     """
     import inspect
 
-    import jax
-
     elu = inspect.signature(fn).parameters["feature_map"].default
     phi = elu(x)
-    dphi = jax.grad(lambda x: finite_sum(elu(x)))(x)
+    dphi = grad(lambda x: finite_sum(elu(x)))(x)
     if omega is not None:
         inputs = {**inputs, "feature_map": _features(omega)}
     O = fn(**inputs)

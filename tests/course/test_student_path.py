@@ -9,6 +9,7 @@ hash of every file.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -77,6 +78,12 @@ def test_fresh_workspace_to_submission(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[ PASS] Exercise 3.1" in r.stdout
     assert f"Progress: 1/{n} exercises" in r.stdout
+
+    # the same answer on MLX arrays (Apple Silicon; mlx[cpu] on Linux), as the README says
+    if importlib.util.find_spec("mlx") is not None:
+        r = course("check", "3.1", "--backend", "mlx", cwd=ws)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "[ PASS] Exercise 3.1" in r.stdout and "Traceback" not in r.stdout + r.stderr
 
     r = course("check", "3", cwd=ws)
     assert r.returncode == 1 and "[ PASS] Exercise 3.1" in r.stdout and "[ TODO] Exercise 3.2" in r.stdout
