@@ -436,7 +436,11 @@ def test_no_visible_cell_is_only_bookkeeping(html_book):
             body = ast.parse(src).body
             if body and all(is_bookkeeping(s) for s in body):
                 offenders.append(f"{page}: {src.splitlines()[0][:60]!r}")
-            glue_calls = [s for s in body if is_bookkeeping(s) and not isinstance(s, (ast.Import, ast.ImportFrom))]
+            kept = [s for s in body if is_bookkeeping(s)]
+            if len(kept) >= 3 and 2 * len(kept) > len(body):
+                offenders.append(f"{page}: {len(kept)} of {len(body)} statements are bookkeeping "
+                                 f"in a visible cell starting {src.splitlines()[0][:40]!r}")
+            glue_calls = [s for s in kept if not isinstance(s, (ast.Import, ast.ImportFrom))]
             if len(glue_calls) > 2:
                 offenders.append(f"{page}: {len(glue_calls)} glue/setting lines in a visible cell "
                                  f"starting {src.splitlines()[0][:40]!r}")
