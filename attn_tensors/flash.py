@@ -9,11 +9,11 @@ keeping only a running maximum ``m`` and a running sum ``l``:
 Flash attention applies this to the scores of one (block_q x block_k) tile
 at a time and rescales a running output accumulator by the same factor
 ``exp(m - m')``.  The n x n matrices S and A are never stored: the forward
-keeps the output ``O^{ib}`` and the log-sum-exp ``L^i``; the backward
+keeps the output ``O^{ib}`` and the log-sum-exp ``log Z^i``; the backward
 recomputes each tile from ``L`` (FlashAttention-2):
 
     D^i   = dO^{ib} O^{ib}
-    P^{ij} = exp(S^{ij} - L^i)
+    P^{ij} = exp(S^{ij} - log Z^i)
     dV^{jb} += P^{ij} dO^{ib}          dP^{ij} = dO^{ib} V^{jb}
     dS^{ij} = P^{ij} (dP^{ij} - D^i)
     dQ^{ia} += dS^{ij} K^{ja} c         dK^{ja} += dS^{ij} Q^{ia} c
@@ -263,7 +263,7 @@ def _flash_core(xp: Backend, causal: bool, bq: int, bk: int, offset: int = 0):
                 allowed = xp.swap_last(Mb[j])
                 if causal:
                     allowed = allowed & _causal_tile(xp, i, j, bq, bk, offset)
-                # P^{ij} = exp(S^{ij} - L^i), recomputed from the saved L
+                # P^{ij} = exp(S^{ij} - log Z^i), recomputed from the saved log Z
                 P = xp.exp(xp.where(allowed, s, neg_inf) - Lb[i])
                 # dV^{jb} += P^{ij} dO^{ib}
                 dV = dV + xp.einsum("...ij,...ib->...jb", P, do)
@@ -333,7 +333,7 @@ def flash_attention(
     default as in :func:`attn_tensors.masking.causal_mask`.  ``scale``
     replaces ``1/sqrt(d_k)``.
 
-    Returns ``O``, or ``(O, L)`` with ``L^i = log sum_j exp(S^{ij}/T)`` when
+    Returns ``O``, or ``(O, L)`` with ``L`` holding ``log Z^i = log sum_j exp(S^{ij}/T)`` when
     ``return_lse``.  Memory is O(n (d_k + d_v)) plus one tile; gradients come
     from the custom VJP that recomputes the tiles (module docstring).
     Sizes that are not multiples of the blocks are padded internally.
@@ -371,7 +371,7 @@ def flash_attention(
 
 
 def _empty_attention(xp: Backend, Q, K, V, scale, T, batch, return_lse):
-    """O^{ib} and L^i when n_q = 0 or n_k = 0: empty, or 0 and -inf (fully masked rows)."""
+    """O^{ib} and log Z^i when n_q = 0 or n_k = 0: empty, or 0 and -inf (fully masked rows)."""
     n_q, d_v = Q.shape[-2], V.shape[-1]
     # O^{ib} = sum over no keys = 0, written through Q and V so both stay in the graph
     O = xp.einsum("...ia,...jb->...ib", Q[..., :, :0], V[..., :0, :]) * scale

@@ -298,10 +298,10 @@ def _causal_sums(xp: Backend, phi_q: Any, phi_k: Any, V: Any, C: int) -> tuple[A
         q, k, v = q_t[t], k_t[t], v_t[t]
         # inside the chunk: W^{ij} = phi_q^{ic} phi_k^{jc} for j <= i
         W = xp.einsum("...ic,...jc->...ij", q, k) * tril
-        # earlier chunks through the running sums S^{cb}, z^c
+        # earlier chunks through the running sums U^{cb}, z^c
         num = xp.einsum("...ic,...cb->...ib", q, S) + xp.einsum("...ij,...jb->...ib", W, v)
         den = xp.einsum("...ic,...c->...i", q, z) + xp.sum(W, axis=-1)
-        # S^{cb} += phi_k^{jc} V^{jb};  z^c += sum_j phi_k^{jc}
+        # U^{cb} += phi_k^{jc} V^{jb};  z^c += sum_j phi_k^{jc}
         S = S + xp.einsum("...jc,...jb->...cb", k, v)
         z = z + xp.sum(k, axis=-2)
         return (S, z), (num, den[..., None])
@@ -347,7 +347,7 @@ def linear_attention(
     ``j <= i + offset``, ``offset = n_k - n_q`` by default as in
     :func:`attn_tensors.masking.causal_mask` (the last query lines up with
     the last key): a scan over chunks of ``chunk`` positions
-    carries the running sums ``S^{cb} = sum_j phi(k_j)^c V^{jb}`` and
+    carries the running sums ``U^{cb} = sum_j phi(k_j)^c V^{jb}`` and
     ``z^c = sum_j phi(k_j)^c`` and treats each chunk's own keys with the
     masked (chunk x chunk) formula.  Time stays O(n (chunk + d_phi) d_v);
     memory is O(n (d_phi + d_v)) plus one ``(d_phi, d_v)`` state per chunk
@@ -372,7 +372,7 @@ def linear_attention(
         # padded keys: phi(k_j) = 0, so they add nothing to either sum
         phi_k = xp.where(mask[..., None], phi_k, xp.zeros_like(phi_k))
     if not causal:
-        # num^{ib} = phi(q)^{ic} S^{cb} and den^i = phi(q)^{ic} z^c, no (n_q, n_k) array
+        # num^{ib} = phi(q)^{ic} U^{cb} and den^i = phi(q)^{ic} z^c, no (n_q, n_k) array
         ### BEGIN SOLUTION 9.5
         # KV^{cb} = phi(k)^{jc} V^{jb};  z^c = sum_j phi(k)^{jc}
         KV = xp.einsum("...jc,...jb->...cb", phi_k, V)

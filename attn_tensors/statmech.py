@@ -35,13 +35,13 @@ with no NaN in values or gradients.  ``F = <E> - T H`` holds on every row
 with at least one allowed key; on a fully masked row the two sides are
 ``(+inf, 0)``.
 
-Stability: each row is shifted by its largest allowed score ``M^i`` (a
-constant for autodiff) before the softmax, so with ``S' = S - M`` the
+Stability: each row is shifted by its largest allowed score ``S_max^i`` (a
+constant for autodiff) before the softmax, so with ``S' = S - S_max`` the
 pieces are small and of one sign:
 
-    log Z = log Z' + M/T,   log Z' >= 0
-    H     = log Z' + sum_j A^{ij} (M^i - S^{ij}) / T     (a sum of two terms >= 0)
-    <E>   = -M - sum_j A^{ij} (S^{ij} - M^i)
+    log Z = log Z' + S_max/T,   log Z' >= 0
+    H     = log Z' + sum_j A^{ij} (S_max^i - S^{ij}) / T     (a sum of two terms >= 0)
+    <E>   = -S_max - sum_j A^{ij} (S^{ij} - S_max^i)
 
 so ``H`` never suffers the cancellation of ``log Z - <S>/T`` at low ``T``,
 and scores of +-1e4 in float32 give finite results.
@@ -123,10 +123,10 @@ class _Gibbs(NamedTuple):
 
     xp: Backend
     A: Any  # A^{ij}
-    log_Zs: Any  # log Z'^i = log Z^i - M^i/T (>= 0; 0 on dead rows), keepdims
-    M: Any  # M^i = max_j S^{ij} over allowed keys (0 on dead rows), keepdims
-    D: Any  # S^{ij} - M^i (<= 0 on allowed keys)
-    mean_D: Any  # sum_j A^{ij} (S^{ij} - M^i), keepdims
+    log_Zs: Any  # log Z'^i = log Z^i - S_max^i/T (>= 0; 0 on dead rows), keepdims
+    M: Any  # S_max^i = max_j S^{ij} over allowed keys (0 on dead rows), keepdims
+    D: Any  # S^{ij} - S_max^i (<= 0 on allowed keys)
+    mean_D: Any  # sum_j A^{ij} (S^{ij} - S_max^i), keepdims
     alive: Any  # True where the row has at least one allowed key, keepdims
     T: Any
 
@@ -137,7 +137,7 @@ def _gibbs(S: Any, mask: Any, T: Any) -> _Gibbs:
     check_temperature(T, xp, S)
     m, S = _fold_neg_inf(xp, _mask_array(xp, mask, S), S)
     S_allowed = S if m is None else xp.where(m, S, xp.scalar(-_INF, S))
-    # M^i = max_j S^{ij} over allowed keys; T > 0, so max_j S^{ij}/T = M^i/T.
+    # S_max^i = max_j S^{ij} over allowed keys; T > 0, so max_j S^{ij}/T = S_max^i/T.
     # A constant for autodiff: every formula below holds for any shift M.
     M = xp.stop_gradient(xp.max(S_allowed, axis=-1, keepdims=True))
     M = xp.where(xp.isfinite(M), M, xp.zeros_like(M))
@@ -162,7 +162,7 @@ def _row(T: Any) -> Any:
 
 
 def _entropy(g: _Gibbs) -> Any:
-    # H^i = log Z'^i - sum_j A^{ij} (S^{ij} - M^i) / T   (both terms >= 0)
+    # H^i = log Z'^i - sum_j A^{ij} (S^{ij} - S_max^i) / T   (both terms >= 0)
     xp = g.xp
     H = g.log_Zs - g.mean_D / g.T
     return xp.where(g.alive, H, xp.zeros_like(H))[..., 0]
@@ -170,7 +170,7 @@ def _entropy(g: _Gibbs) -> Any:
 
 def _free_energy(g: _Gibbs) -> Any:
     ### BEGIN SOLUTION 3.3
-    # F^i = -T log Z^i = -T log Z'^i - M^i
+    # F^i = -T log Z^i = -T log Z'^i - S_max^i
     xp = g.xp
     F = -g.T * g.log_Zs - g.M
     return xp.where(g.alive, F, xp.full(F.shape, _INF, dtype=F.dtype))[..., 0]
@@ -178,7 +178,7 @@ def _free_energy(g: _Gibbs) -> Any:
 
 
 def _expected_energy(g: _Gibbs) -> Any:
-    # <E>^i = -sum_j A^{ij} S^{ij} = -M^i - sum_j A^{ij} (S^{ij} - M^i)
+    # <E>^i = -sum_j A^{ij} S^{ij} = -S_max^i - sum_j A^{ij} (S^{ij} - S_max^i)
     # (dead rows: M = 0 and A = 0, so <E> = 0)
     return -(g.M + g.mean_D)[..., 0]
 
@@ -257,9 +257,9 @@ def zero_temperature_limit(S: Any, mask: Any = None) -> Any:
 
 
 def infinite_temperature_limit(S: Any, mask: Any = None) -> Any:
-    """A_inf^{ij} = m^{ij} / sum_k m^{ik}  (the T -> inf softmax).
+    """A_inf^{ij} = M^{ij} / sum_k M^{ik}  (the T -> inf softmax).
 
-    Uniform over the allowed keys: ``m^{ij}`` is the mask (all True without
+    Uniform over the allowed keys: ``M^{ij}`` is the mask (all True without
     one), so every allowed key gets ``1/n_allowed``.  A fully masked row is
     all 0.
     """
@@ -344,7 +344,7 @@ def entropy_from_scores(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
     """H^i = log Z^i - <S>^i / T = log Z^i - sum_j A^{ij} S^{ij} / T.
 
     The Gibbs entropy straight from scores, computed as
-    ``log Z'^i + sum_j A^{ij} (M^i - S^{ij}) / T`` with ``M^i`` the row
+    ``log Z'^i + sum_j A^{ij} (S_max^i - S^{ij}) / T`` with ``S_max^i`` the row
     maximum: two non-negative terms, so no cancellation at low ``T`` and no
     ``log`` of a tiny weight.  0 for a fully masked row.
     """
@@ -352,12 +352,12 @@ def entropy_from_scores(S: Any, mask: Any = None, T: Any = 1.0) -> Any:
 
 
 def _n_allowed(xp: Backend, A: Any, m: Any) -> Any:
-    """n^i = sum_j m^{ij}: how many keys query i may attend."""
+    """n^i = sum_j M^{ij}: how many keys query i may attend."""
     return xp.sum(_allowed(xp, m, A).astype(A.dtype), axis=-1)
 
 
 def normalized_entropy(A: Any, mask: Any = None) -> Any:
-    """h^i = H^i / log n^i,  n^i = sum_j m^{ij}: entropy over its maximum, in [0, 1].
+    """h^i = H^i / log n^i,  n^i = sum_j M^{ij}: entropy over its maximum, in [0, 1].
 
     ``n^i`` counts the keys query ``i`` may attend (``n_k`` without a mask).
     A row with one allowed key, or none, has nothing to spread over and gives

@@ -127,3 +127,38 @@ def test_the_mask_is_named_in_the_appendix():
     """The appendix's symbol for the mask is the one the retired list enforces."""
     masks = [row for row in table_rows("## Symbols") if "mask" in row[1]]
     assert masks and "M^{ij}" in masks[0][0]
+
+
+# The library's docstrings and comments write the formulas in plain text
+# ("M^{ij}", "S_max^i"); the same retired spellings must not come back there.
+LIBRARY = ROOT / "attn_tensors"
+LIBRARY_RETIRED = {
+    r"(?<![\w\\])m\^\{i[jk]\}": "the mask is M^{ij}, not m^{ij}",
+    r"(?<![\w\\])M\^i(?![\w{])": "a row maximum is S_max^i, not M^i",
+    r"(?<![\w\\(])L\^i(?![\w])": "flash attention stores log Z^i, not L^i",
+    r"(?<![\w\\])S\^\{cb\}": "the key-value summary of linear attention is U^{cb}",
+    r"(?<![\w\\])F\^i = not": "F^i is the free energy; fully masked rows are [n^i = 0]",
+    r"(?<![\w\\])g = \|G\|": "the number of ground states is n_G",
+}
+
+
+def library_texts() -> dict[str, str]:
+    return {str(p.relative_to(ROOT)): p.read_text() for p in sorted(LIBRARY.rglob("*.py"))}
+
+
+def test_library_scan_can_fail():
+    """The patterns catch what they are meant to catch."""
+    samples = ["A = m^{ij} / n", "shift by M^i first", "saved L^i", "S^{cb} += x", "F^i = not any_j", "g = |G|"]
+    for pattern, sample in zip(LIBRARY_RETIRED, samples):
+        assert re.search(pattern, sample), pattern
+    fine = "M^{ij} mask, S_max^i, log Z^i, U^{cb}, dL^i, m^i running max"
+    assert not any(re.search(p, fine) for p in LIBRARY_RETIRED)
+
+
+@pytest.mark.parametrize("pattern", list(LIBRARY_RETIRED))
+def test_library_docstrings_use_the_book_notation(pattern):
+    """The library's docstrings and comments use the notation appendix's symbols."""
+    hits = [f"{name}:{text[:m.start()].count(chr(10)) + 1}"
+            for name, text in library_texts().items()
+            for m in re.finditer(pattern, text)]
+    assert not hits, f"{LIBRARY_RETIRED[pattern]}; found at {hits[:8]}"

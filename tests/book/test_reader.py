@@ -212,13 +212,21 @@ def test_mathjax_is_served_by_the_book(html_book):
     assert not re.search(r"<script[^>]+src=\"https?://[^\"]*mathjax", page, re.I)
 
 
-@pytest.mark.book
-def test_pdf_has_every_chapter(html_book):
+@pytest.fixture(scope="module")
+def pdf_book(html_book):
+    """The PDF (``--builder pdflatex``), its LaTeX auxiliary files and its text."""
     _need(shutil.which("latexmk") and shutil.which("pdflatex"), "TeX Live (latexmk, pdflatex)")
     _need(shutil.which("pdftotext"), "poppler-utils (pdftotext)")
     build_book("--builder", "pdflatex")
-    pdf = ROOT / "_build" / "latex" / "book.pdf"
+    latex = ROOT / "_build" / "latex"
+    pdf = latex / "book.pdf"
     text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+    return latex, pdf, text
+
+
+@pytest.mark.book
+def test_pdf_has_every_chapter(pdf_book):
+    _, pdf, text = pdf_book
     flat = re.sub(r"\s+", " ", text)
     missing = [t for t in chapter_titles() if re.sub(r"^\d+\.\s*", "", t) not in flat]
     assert not missing, f"chapter titles missing from the PDF: {missing}"
@@ -228,3 +236,213 @@ def test_pdf_has_every_chapter(html_book):
     assert 3 * n_chapters <= pages <= 60 * n_chapters, f"{pages} pages for {n_chapters} chapters"
     # the student PDF carries no solutions
     assert "Solution to" not in flat
+
+
+# -- the same numbers in both formats -------------------------------------------
+
+PROOF_KINDS = ("Definition", "Proposition", "Theorem", "Lemma", "Remark", "Corollary",
+               "Algorithm", "Example", "Property", "Assumption", "Observation")
+
+
+def _html_pages() -> dict[str, str]:
+    return {page: (HTML / page).read_text(errors="replace") for page in chapter_pages()}
+
+
+def _html_theorems() -> list[tuple[str, str]]:
+    """(``Proposition 5.3``, title) for every numbered theorem-like box in the HTML."""
+    found = []
+    pattern = re.compile(r'<span class="caption-number">((?:%s) [\d.]+) </span>\s*\(([^<]*)\)' % "|".join(PROOF_KINDS))
+    for html in _html_pages().values():
+        found += [(num, _html_text(title)) for num, title in pattern.findall(html)]
+    return found
+
+
+def _html_text(fragment: str) -> str:
+    import html as html_lib
+
+    return html_lib.unescape(re.sub(r"<[^>]+>", "", fragment)).strip()
+
+
+def _flat(text: str) -> str:
+    """Text with line breaks, layout spaces and typographic quotes normalised."""
+    text = text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
+    text = re.sub(r"-\s*\n\s*", "-", text)  # a hyphen at a line end (hyphenated word or compound)
+    return re.sub(r"\s+", " ", text)
+
+
+def _latex_labels(latex: pathlib.Path) -> dict[str, str]:
+    """label -> the number LaTeX printed for it, from ``book.aux``."""
+    aux = (latex / "book.aux").read_text(errors="replace")
+    return dict(re.findall(r"\\newlabel\{([^}]*)\}\{\{([^}]*)\}", aux))
+
+
+@pytest.mark.book
+def test_pdf_theorem_numbers_are_the_htmls(pdf_book):
+    """Every numbered definition, proposition, ... carries the HTML's number in the PDF.
+
+    The HTML numbers them per chapter ("Proposition 5.3"); the PDF once
+    numbered them per section ("Proposition 5.4.2").
+    """
+    _, _, text = pdf_book
+    flat = _flat(text)
+    theorems = _html_theorems()
+    assert len(theorems) > 50, f"only {len(theorems)} numbered boxes found in the HTML"
+    kinds = "|".join(PROOF_KINDS)
+    deeper = sorted(set(re.findall(rf"\b(?:{kinds}) \d+\.\d+\.\d+\b", flat)))
+    assert not deeper, f"section-level numbers in the PDF, not the HTML's: {deeper[:5]}"
+    plain = [(num, title) for num, title in theorems if re.fullmatch(r"[A-Za-z ,'-]{4,}", title)]
+    assert len(plain) > 30
+    missing = [f"{num} ({title})" for num, title in plain
+               if f"{num} ({_flat(title)}" not in flat]
+    assert not missing, f"{len(missing)} of {len(plain)} boxes not numbered as in the HTML: {missing[:5]}"
+
+
+@pytest.mark.book
+def test_pdf_equation_and_figure_numbers_are_the_htmls(pdf_book):
+    """Each labelled equation and figure has the same number in LaTeX's .aux as in the HTML."""
+    latex, _, _ = pdf_book
+    labels = _latex_labels(latex)
+    compared, wrong = 0, []
+    for page, html in _html_pages().items():
+        doc = page.removesuffix(".html")
+        for name, number in re.findall(
+                r'id="equation-([^"]+)">\s*<span class="eqno">\(([\d.]+)\)', html):
+            latex_number = labels.get(f"equation:{doc}:{name}")
+            if latex_number is not None:
+                compared += 1
+                if latex_number != number:
+                    wrong.append(f"{doc} ({name}): HTML ({number}), PDF ({latex_number})")
+        for name, number in re.findall(
+                r'<figure[^>]*id="([^"]+)"[^>]*>.*?<span class="caption-number">Fig\. ([\d.]+) </span>', html, re.S):
+            latex_number = labels.get(f"{doc}:{name}")
+            if latex_number is not None:
+                compared += 1
+                if latex_number != number:
+                    wrong.append(f"{doc} figure {name}: HTML {number}, PDF {latex_number}")
+    assert compared > 100, f"only {compared} equations and figures could be compared"
+    assert not wrong, f"{len(wrong)} of {compared} numbers differ: {wrong[:5]}"
+
+
+def _toc_chapters(latex: pathlib.Path) -> list[tuple[str | None, str, int]]:
+    """(number or None, title, first page) of each chapter in the PDF's table of contents."""
+    toc = (latex / "book.toc").read_text(errors="replace")
+    out = []
+    for entry, page in re.findall(r"\\contentsline \{chapter\}\{(.*)\}\{(\d+)\}\{[^}]*\}%?$", toc, re.M):
+        m = re.match(r"\\numberline \{([^}]*)\}(.*)", entry)
+        number, title = (m.group(1), m.group(2)) if m else (None, entry)
+        out.append((number, re.sub(r"\\sphinxhyphen \{\}", "-", title), int(page)))
+    return out
+
+
+@pytest.mark.book
+def test_pdf_appendices_are_lettered_and_no_chapter_is_empty(pdf_book):
+    latex, pdf, _ = pdf_book
+    chapters = _toc_chapters(latex)
+    numbers = {title: number for number, title, _ in chapters}
+    toc = (ROOT / "_toc.yml").read_text()
+    appendix_files = re.findall(r"file:\s*(\S+)", toc.split("Appendices", 1)[1])
+    appendix_titles = [t for t, p in zip(chapter_titles(), ["intro"] + re.findall(r"file:\s*(\S+)", toc))
+                       if p in appendix_files and t in numbers]
+    assert appendix_titles, f"no appendix in the PDF's contents: {chapters}"
+    for title in appendix_titles:
+        assert numbers[title] is None or re.fullmatch(r"[A-Z]", numbers[title]), (
+            f"appendix {title!r} is numbered {numbers[title]!r} like a chapter, not lettered")
+    assert any(numbers[t] for t in appendix_titles), f"no lettered appendix: {chapters}"
+    # the bibliography appears once, and every chapter has a text
+    assert [t for _, t, _ in chapters].count("Bibliography") == 1, chapters
+    info = subprocess.run(["pdfinfo", str(pdf)], capture_output=True, text=True, check=True).stdout
+    last = int(re.search(r"Pages:\s+(\d+)", info).group(1))
+    starts = [p for _, _, p in chapters] + [last + 1]
+    for (number, title, first), nxt in zip(chapters, starts[1:]):
+        pages = subprocess.run(
+            ["pdftotext", "-f", str(first), "-l", str(max(first, nxt - 1)), str(pdf), "-"],
+            capture_output=True, text=True, check=True).stdout
+        words = len(pages.split()) - len(title.split())
+        assert words > 40, f"chapter {number or ''} {title!r} is (nearly) empty: {words} words"
+
+
+# -- the code a reader sees -----------------------------------------------------
+
+# Statements that only set the page up: imports, glue for the prose, plot and
+# printing settings.  A visible cell made of nothing else teaches nothing.
+_BOOKKEEPING_CALLS = {
+    "glue", "matplotlib.use", "jax.config.update", "np.set_printoptions",
+    "jnp.set_printoptions", "warnings.filterwarnings", "warnings.simplefilter",
+    "plt.style.use", "plt.rcParams.update", "matplotlib.rcParams.update",
+    "mpl.rcParams.update", "plt.rc", "print_function",
+}
+
+
+def _dotted(node) -> str:
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def is_bookkeeping(stmt) -> bool:
+    """An import, a glue call, or a plot/printing setting."""
+    import ast
+
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        return _dotted(stmt.value.func) in _BOOKKEEPING_CALLS
+    if isinstance(stmt, ast.Assign):  # plt.rcParams["font.size"] = 9
+        return all(isinstance(t, ast.Subscript) and _dotted(t.value).endswith("rcParams")
+                   for t in stmt.targets)
+    return False
+
+
+def visible_code_cells(html: str) -> list[str]:
+    """The source of each code cell shown unfolded on a page."""
+    cells = []
+    for m in re.finditer(r'<div class="cell( [^"]*)?docutils container">(.*?)<div class="cell_input', html, re.S):
+        classes, between = m.group(1) or "", m.group(2)
+        if "tag_hide-input" in classes or "tag_hide-cell" in classes or "<details" in between:
+            continue
+        pre = re.search(r"<pre>(.*?)</pre>", html[m.end():], re.S)
+        if pre:
+            cells.append(_html_text(pre.group(1)))
+    return cells
+
+
+def test_bookkeeping_classifier():
+    import ast
+
+    kinds = lambda src: [is_bookkeeping(s) for s in ast.parse(src).body]
+    assert kinds('import jax\nfrom x import y\nglue("a", 1, display=False)') == [True] * 3
+    assert kinds('matplotlib.use("Agg")\nplt.rcParams["font.size"] = 9') == [True, True]
+    assert kinds("S = attention_scores(Q, K)\nprint(S)\nfig, ax = plt.subplots()") == [False] * 3
+    page = ('<div class="cell docutils container">\n<div class="cell_input docutils container">'
+            '<div class="highlight"><pre><span>import</span> jax</pre></div></div></div>'
+            '<div class="cell tag_hide-input docutils container">\n<details class="hide above-input">'
+            '<summary>x</summary><div class="cell_input docutils container"><pre>glue()</pre></div></details></div>')
+    assert visible_code_cells(page) == ["import jax"]
+
+
+@pytest.mark.book
+def test_no_visible_cell_is_only_bookkeeping(html_book):
+    """Imports, glue and plot settings are folded or removed; the cells a reader sees teach."""
+    import ast
+
+    offenders, seen = [], 0
+    for page in chapter_pages():
+        for src in visible_code_cells((html_book / page).read_text(errors="replace")):
+            seen += 1
+            body = ast.parse(src).body
+            if body and all(is_bookkeeping(s) for s in body):
+                offenders.append(f"{page}: {src.splitlines()[0][:60]!r}")
+            kept = [s for s in body if is_bookkeeping(s)]
+            if len(kept) >= 3 and 2 * len(kept) > len(body):
+                offenders.append(f"{page}: {len(kept)} of {len(body)} statements are bookkeeping "
+                                 f"in a visible cell starting {src.splitlines()[0][:40]!r}")
+            glue_calls = [s for s in kept if not isinstance(s, (ast.Import, ast.ImportFrom))]
+            if len(glue_calls) > 2:
+                offenders.append(f"{page}: {len(glue_calls)} glue/setting lines in a visible cell "
+                                 f"starting {src.splitlines()[0][:40]!r}")
+    assert seen > 100, f"only {seen} visible code cells found"
+    assert not offenders, f"{len(offenders)} visible cells of bookkeeping: {offenders[:6]}"

@@ -28,7 +28,7 @@ function                   mask
                            symmetric: |i + offset - j| <= w
 ``combine_masks``          M^{ij} = M_1^{ij} and M_2^{ij} and ...
 ``mask_to_bias``           B^{ij} = 0 if M^{ij} else -inf
-``fully_masked_rows``      F^i = not any_j M^{ij}
+``fully_masked_rows``      [n^i = 0],  n^i = sum_j M^{ij}
 =========================  ===============================================
 
 Masks built from sizes alone are JAX arrays unless ``like=`` is an MLX
@@ -223,7 +223,7 @@ def mask_to_bias(mask: Any, dtype: Any = None) -> Any:
 
 
 def fully_masked_rows(mask: Any) -> Any:
-    """F^i = not any_j M^{ij}: the queries that may attend to no key at all.
+    """[n^i = 0] with n^i = sum_j M^{ij}: the queries that may attend to no key at all.
 
     Reduces the last (key) axis: a mask ``(..., n_q, n_k)`` gives a boolean
     ``(..., n_q)``.  Those rows get weights 0, output 0 and log Z = -inf in
@@ -235,5 +235,5 @@ def fully_masked_rows(mask: Any) -> Any:
         raise AttentionInputError(
             f"mask must have a key axis j; got shape {tuple(mask.shape)}"
         )
-    # F^i = not any_j M^{ij}
+    # [n^i = 0]: no key j with M^{ij}
     return xp.logical_not(xp.any(mask, axis=-1))
