@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import values
+from .diagnose import Known, explain
 from .registry import CHAPTERS, Case, Exercise, all_exercises
 from .runner import package_files, run_worker
 from . import sandbox
@@ -26,22 +27,56 @@ from .worker import PACKAGE_DOES_NOT_IMPORT
 from .workspace import library_digest
 
 
-def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[list[Case], list[Outcome]]]:
-    """exercise id -> (public cases, expected results) from ``cases_dir/chNN.json``."""
-    out = {}
-    chapters = sorted({e.chapter for e in exercises})
+def _read_cases(cases_dir: Path, exercises: list[Exercise]) -> dict:
     data = {}
-    for ch in chapters:
+    for ch in sorted({e.chapter for e in exercises}):
         path = Path(cases_dir) / f"ch{ch:02d}.json"
         if path.exists():
             data.update(json.loads(path.read_text()))
     for e in exercises:
         if e.id not in data:
             raise FileNotFoundError(f"no public cases for exercise {e.id} in {cases_dir}")
+    return data
+
+
+def load_public(cases_dir: Path, exercises: list[Exercise]) -> dict[str, tuple[list[Case], list[Outcome]]]:
+    """exercise id -> (public cases, expected results) from ``cases_dir/chNN.json``."""
+    return {k: (p.cases, p.expected) for k, p in load_cases(cases_dir, exercises).items()}
+
+
+@dataclass
+class PublicCases:
+    """One exercise's public cases as the release ships them."""
+
+    cases: list[Case]
+    expected: list[Outcome]
+    mistakes: list[Known] = field(default_factory=list)
+    """The catalogue's entries of the exercise, as words."""
+    wrong: list[dict] = field(default_factory=list)
+    """Per case, the entries' outputs on it by key (only those that differ from the answer)."""
+
+    def diagnose(self) -> Callable[[Exercise, Case, dict, dict], str]:
+        """The scoring's ``diagnose`` callback: names a catalogued mistake from the shipped data
+        (never importing the catalogue), else a generic symptom."""
+        by_case = {id(c): w for c, w in zip(self.cases, self.wrong)}
+
+        def why(ex: Exercise, case: Case, got: dict, expected: dict) -> str:
+            return explain(ex, case, got, expected, wrong=by_case.get(id(case), {}), entries=self.mistakes)
+
+        return why
+
+
+def load_cases(cases_dir: Path, exercises: list[Exercise]) -> dict[str, PublicCases]:
+    """exercise id -> its :class:`PublicCases`, from ``cases_dir/chNN.json``."""
+    data = _read_cases(cases_dir, exercises)
+    out = {}
+    for e in exercises:
         entry = data[e.id]
         cases = [Case(c["name"], values.decode(c["inputs"]), c.get("note", "")) for c in entry["cases"]]
         expected = [Outcome.from_dict(values.decode(c["expected"])) for c in entry["cases"]]
-        out[e.id] = (cases, expected)
+        known = [Known.from_dict(m) for m in entry.get("mistakes", [])]
+        wrong = [values.decode(c.get("wrong") or {}) for c in entry["cases"]]
+        out[e.id] = PublicCases(cases, expected, known, wrong)
     return out
 
 
@@ -93,7 +128,7 @@ def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None 
     is why the library does not import, or ''.
     """
     workspace = Path(workspace)
-    public = load_public(workspace / ".course" / "cases", exercises)
+    public = load_cases(workspace / ".course" / "cases", exercises)
     limits = limits or sandbox.GRADING_LIMITS
     files = package_files(workspace)
     stubbed = stubbed_exercises(workspace)
@@ -104,7 +139,8 @@ def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None 
 
     def score(ex_id: str, outcomes: list[Outcome]) -> None:
         e = by_id[ex_id]
-        graded[ex_id] = grade(e, *public[ex_id], outcomes, False, stubbed)
+        p = public[ex_id]
+        graded[ex_id] = grade(e, p.cases, p.expected, outcomes, False, stubbed, p.diagnose())
         broken[ex_id] = import_error(outcomes)
         if not any(c.passed for c in graded[ex_id]) and shared_error(outcomes):
             shared[ex_id] = shared_error(outcomes)
@@ -113,7 +149,7 @@ def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None 
 
     server = WorkerServer(Plain(limits))
     try:
-        run_worker(server, files, [(e, public[e.id][0]) for e in exercises], limits, on_result=score)
+        run_worker(server, files, [(e, public[e.id].cases) for e in exercises], limits, on_result=score)
     finally:
         server.close()
     for e in exercises:

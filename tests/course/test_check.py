@@ -202,3 +202,83 @@ def test_feedback_files_put_arrays_in_code_blocks():
     assert not inside
     rows = [ln for ln in text.splitlines() if re.match(r"\s*(expected|got)\s+\[\[", ln)]
     assert len(rows) == 2 and all(ln in fenced for ln in rows), text
+
+
+# -- naming the mistake, without the catalogue ---------------------------------------------
+
+BLOCK_CATALOGUE = ("import sys; sys.modules['attn_course.mistakes'] = None; "  # importing it now fails
+                   "from attn_course.cli import main; sys.exit(main())")
+
+
+@pytest.mark.slow
+def test_check_names_a_catalogued_mistake_without_the_catalogue(ws):
+    from attn_course.mistakes import for_exercise
+
+    entry = next(m for m in for_exercise("2.1") if m.key == "missing-scale")
+    _replace_stub(ws, "attention", "2.1",
+                  "    if g is not None:\n"
+                  "        return xp.einsum('...ia,ab,...jb->...ij', Q, g, K)\n"
+                  "    return xp.einsum('...ia,...ja->...ij', Q, K) * (1.0 if scale is None else scale)\n")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, "-c", BLOCK_CATALOGUE, "check", "2.1"], cwd=ws, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert entry.message in r.stdout, r.stdout
+    assert entry.section in r.stdout
+
+
+def test_the_shipped_outputs_name_each_entry():
+    """Each entry's shipped output on a public case, given as an answer, is named as that entry
+    (or one with the same output there), from the shipped data alone; every entry is named on
+    some public case."""
+    from attn_course import RELEASE_LIBRARY
+    from attn_course.check import load_cases
+    from attn_course.diagnose import Kind, close, diagnose
+    from attn_course.mistakes import for_exercise
+
+    exercises = list(all_exercises().values())
+    public = load_cases(RELEASE_LIBRARY / "cases", exercises)
+    unnamed = []
+    for ex in exercises:
+        p = public[ex.id]
+        assert [m.key for m in p.mistakes] == [m.key for m in for_exercise(ex.id)], ex.id
+        named = set()
+        for case, exp, wrong in zip(p.cases, p.expected, p.wrong):
+            for key, out in wrong.items():
+                d = diagnose(ex, case, out, exp.value, wrong=wrong, entries=p.mistakes)
+                assert d is not None and d.kind == Kind.CATALOGUE, (ex.id, case.name, key, d)
+                same = d.key == key or all(close(out[k], wrong[d.key][k], ex.rtol, ex.atol) for k in out)
+                assert same, (ex.id, case.name, key, d.key)
+                named.add(d.key)
+                # and the reference's own answer is never diagnosed
+                assert diagnose(ex, case, exp.value, exp.value, wrong=wrong, entries=p.mistakes) is None
+        unnamed += [f"{ex.id} {m.key}" for m in p.mistakes if m.key not in named]
+    assert not unnamed, f"entries no public case shows: {unnamed}"
+
+
+def _texts(folder: Path):
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            yield path, path.read_text(errors="replace")
+
+
+def test_the_release_and_a_workspace_hold_no_catalogue(tmp_path):
+    from attn_course import EXERCISES
+    from attn_course.mistakes import catalogue
+
+    ws = workspace.create(tmp_path / "ws", "s1234567")
+    entries = catalogue()
+    names = {m.wrong.__name__ for m in entries}
+    modules = {m.wrong.__module__ for m in entries}
+    assert len(names) > 20 and "attn_course.mistakes.ch02" in modules
+    found = []
+    for folder in (EXERCISES, ws):
+        for path, text in _texts(folder):
+            rel = path.relative_to(folder)
+            if "mistakes" in rel.parts or rel.parts[0] == "attn_course":
+                found.append(str(rel))
+            hits = [n for n in names if f"def {n}(" in text] + [m for m in modules if m in text]
+            if hits:
+                found.append(f"{rel}: {hits[:3]}")
+    assert not found, found
+
