@@ -282,3 +282,55 @@ def test_the_release_and_a_workspace_hold_no_catalogue(tmp_path):
                 found.append(f"{rel}: {hits[:3]}")
     assert not found, found
 
+
+# -- the notebooks: the student's own code, the same report ------------------------------------
+
+
+def _cells(nb, ids):
+    return [c for c in nb.cells if c.get("id") in ids]
+
+
+@pytest.mark.slow
+def test_notebook_test_cell_checks_the_workspace_library_and_reports_like_check(ws):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from attn_course.mistakes import for_exercise
+
+    entry = next(m for m in for_exercise("2.1") if m.key == "missing-scale")
+    # the workspace's library, not an installed one: a marker only the workspace's copy has
+    init = ws / "attn_tensors" / "__init__.py"
+    init.write_text(init.read_text() + "\nWORKSPACE_MARKER = 'mine'\n")
+    nb = nbformat.read(ws / "notebooks" / "ch02.ipynb", as_version=4)
+    answer = _cells(nb, {"ex-2-1-answer"})[0]
+    assert "raise NotImplementedError()" in answer.source
+    answer.source = answer.source.replace(
+        "    # YOUR CODE HERE\n    raise NotImplementedError()",
+        "    if g is not None:\n        return xp.einsum('...ia,ab,...jb->...ij', Q, g, K)\n"
+        "    return xp.einsum('...ia,...ja->...ij', Q, K) * (1.0 if scale is None else scale)")
+    probe = nbformat.v4.new_code_cell("import attn_tensors, attn_tensors.attention as m\n"
+                                      "print(attn_tensors.WORKSPACE_MARKER, m.__file__)")
+    nb.cells = _cells(nb, {"ch02-setup", "ex-2-1-imports", "ex-2-1-answer", "ex-2-1-tests"}) + [probe]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ws / "notebooks")}}).execute(env=env)
+    out = {c.id: c.get("outputs", []) for c in nb.cells if c.cell_type == "code"}
+    said = "".join(o.get("text", "") for o in out["ch02-setup"])
+    assert f"your library in {ws / 'attn_tensors'}" in said, said
+    last = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert last.startswith("mine ") and str(ws / "attn_tensors" / "attention.py") in last, last
+    errors = [o for o in out["ex-2-1-tests"] if o.output_type == "error"]
+    assert len(errors) == 1 and errors[0].ename == "AssertionError", out["ex-2-1-tests"]
+    text = errors[0].evalue
+    assert "Fix the answer cell above (`def attention_scores`, grade id ex-2-1-answer)" in text, text
+    assert entry.message in text, text  # the mistake named, as `attn-course check` names it
+    # the same report as `attn-course check 2.1` on the same code in the library
+    _replace_stub(ws, "attention", "2.1",
+                  "    if g is not None:\n        return xp.einsum('...ia,ab,...jb->...ij', Q, g, K)\n"
+                  "    return xp.einsum('...ia,...ja->...ij', Q, K) * (1.0 if scale is None else scale)\n")
+    r = course("check", "2.1", "-q", cwd=ws)
+    block = r.stdout.split("\n\nProgress:")[0].strip()
+    assert block.splitlines()[0].startswith("[ FAIL] Exercise 2.1")
+    nb_block = text.split("attn-course check 2.1`:", 1)[1].strip()
+    strip_hint = "\n".join(ln for ln in nb_block.splitlines() if not ln.strip().startswith("hint:"))
+    assert strip_hint == block, (strip_hint, block)
