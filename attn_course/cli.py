@@ -57,17 +57,30 @@ def cmd_workspace(args) -> int:
 
 def cmd_check(args) -> int:
     from . import workspace
-    from .check import check_public, progress, report
+    from .check import progress, progress_line, report, run_check
     from .registry import select
+    from . import sandbox
 
     ws = _workspace(args)
     chosen = select(args.spec)
-    results = check_public(ws, chosen, backend=args.backend)
-    print(report(results, verbose=not args.quiet))
-    passed = workspace.record_progress(ws, results)
+    limits = sandbox.GRADING_LIMITS
+    said: list[str] = []
+
+    def show(result, library_error: str) -> None:  # one line per exercise as it finishes
+        if not (library_error and library_error in said):  # an import error once, not per exercise
+            said.append(library_error)
+            print(progress_line(result, limits.per_exercise_s, library_error), file=sys.stderr, flush=True)
+
+    on = " on MLX" if args.backend == "mlx" else ""
+    print(f"Checking {len(chosen)} exercise{'s' * (len(chosen) != 1)} on their public cases{on} "
+          f"(at most {limits.per_exercise_s:g} s each, as in grading)...", file=sys.stderr, flush=True)
+    run = run_check(ws, chosen, limits, on_result=show, backend=args.backend)
+    print(report(run.results, verbose=not args.quiet, limit_s=run.limits.per_exercise_s,
+                 library_error=run.library_error, errors=run.errors))
+    done = workspace.record_progress(ws, run.results, run.digest)
     print()
-    print(progress(passed))
-    return 0 if all(r.passed for r in results) else 1
+    print(progress(done.passed, done.outdated))
+    return 0 if all(r.passed for r in run.results) else 1
 
 
 def cmd_submit(args) -> int:
@@ -193,22 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="check exercises on their public cases")
     c.add_argument("spec", nargs="?", default="all", help="3.1, a chapter (3 or ch03), or all")
     c.add_argument("--workspace", help="the workspace (default: the one you are in)")
-    c.add_argument("-q", "--quiet", action="store_true", help="no hints")
+    c.add_argument("-q", "--quiet", action="store_true", help="no hints under failing exercises")
     c.add_argument("--backend", choices=("jax", "mlx"), default="jax",
                    help="run the cases on JAX arrays (default) or on MLX arrays (Apple Silicon; mlx.core)")
     c.set_defaults(func=cmd_check)
     s = sub.add_parser("submit", help="package a submission archive")
-    s.add_argument("--workspace")
+    s.add_argument("--workspace", help="the workspace (default: the one you are in)")
     s.add_argument("--out", help="archive path (default: submissions/<id>-...zip)")
     s.set_defaults(func=cmd_submit)
     ls = sub.add_parser("list", help="list the exercises")
     ls.set_defaults(func=cmd_list)
     r = sub.add_parser("release", help="(instructors) write or check exercises/ and solutions/")
-    r.add_argument("--check", action="store_true")
+    r.add_argument("--check", action="store_true",
+                   help="do not write: fail if the committed release differs from what the source gives")
     r.add_argument("--no-execute", action="store_true", help="do not execute the solution notebooks")
     r.set_defaults(func=cmd_release)
     v = sub.add_parser("validate", help="(instructors) reference passes and stub fails")
-    v.add_argument("spec", nargs="?", default="all")
+    v.add_argument("spec", nargs="?", default="all", help="3.1, a chapter (3 or ch03), or all (default)")
     v.add_argument("--backend", choices=("jax", "mlx", "both"), default="jax",
                    help="run both sides on JAX arrays (default), on MLX arrays, or on both")
     v.set_defaults(func=cmd_validate)
@@ -255,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     ro.set_defaults(func=cmd_roster)
     t = sub.add_parser("token", help="(instructors) re-issue one student's token",
                        description="Print the token of student ID (the same token `roster` issued).")
-    t.add_argument("student", metavar="ID")
+    t.add_argument("student", metavar="ID", help="the student id, as on the roster")
     t.add_argument("--roster", help="refuse an ID that is not on this roster")
     t.add_argument("--ci-secret", action="store_true",
                    help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: forgeable)")
@@ -284,6 +298,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attn-course: `{args.command}` is an instructor's command; the student "
               "distribution does not include it", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `attn-course check | head`: the reader has gone, and that is fine
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, as a program killed by the broken pipe would end
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no second BrokenPipeError."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

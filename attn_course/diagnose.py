@@ -18,7 +18,14 @@ A message is fixed text (the catalogue's, or one written here) with at most
 the names of the probe's outputs, shapes, dtypes and a factor rounded to a
 small integer or its square root, or to a class ("between 2 and 10 times");
 it never shows a value of the case, so diagnoses of hidden cases reveal no
-hidden number.  Trusted side only: the catalogue runs the reference library.
+hidden number.
+
+The catalogue (:mod:`attn_course.mistakes`) is trusted-side code: it runs the
+reference library, and it never goes to students.  A student's check names
+mistakes all the same, from data the release ships with each public case:
+the entries' fixed words (:class:`Known`) and their outputs on that case
+(:func:`known_mistakes`, :func:`wrong_outputs`); given those, this module
+never imports the catalogue.
 """
 
 from __future__ import annotations
@@ -32,11 +39,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import values
-from .mistakes import Mistake, anchor, catalogue, for_exercise
+from .book import anchor
 from .registry import Case, Exercise
 
 
-__all__ = ["Diagnosis", "Kind", "catalogue", "diagnose", "wrong_outputs"]
+__all__ = ["Diagnosis", "Kind", "Known", "diagnose", "known_mistakes", "wrong_outputs"]
 
 
 class Kind(str, Enum):
@@ -147,6 +154,7 @@ def wrong_outputs(ex: Exercise, case: Case) -> dict[str, dict[str, np.ndarray] |
         import jax
 
         jax.config.update("jax_enable_x64", True)
+        from .mistakes import for_exercise
         from .worker import evaluate
 
         out: dict[str, dict[str, np.ndarray] | None] = {}
@@ -157,6 +165,36 @@ def wrong_outputs(ex: Exercise, case: Case) -> dict[str, dict[str, np.ndarray] |
             _CACHE.clear()
         _CACHE[key] = out
     return _CACHE[key]
+
+
+def catalogue_outputs(ex: Exercise, cases: list[Case], expected: list[Any]) -> list[dict[str, dict[str, np.ndarray]]]:
+    """For each case, the catalogue entries' probe outputs that a diagnosis can use, by key.
+
+    What the release ships with the public cases (trusted side: runs the
+    catalogue).  Each entry runs as one program over the cases (as a worker
+    runs an answer); left out are the cases where the reference raises, the
+    entries that raise, and outputs that equal the reference's (they name no
+    mistake on that case).
+    """
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from .mistakes import for_exercise
+    from .worker import evaluate_all
+
+    exp = [_fields(e) for e in expected]
+    live = [i for i, e in enumerate(exp) if e is not None]
+    out: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in cases]
+    for m in for_exercise(ex.id):
+        raw = evaluate_all(m.wrong, ex.probe, [cases[i].inputs for i in live])
+        for i, r in zip(live, raw):
+            w = _fields(values.decode(values.encode(r)))
+            if w is None or set(w) != set(exp[i]):
+                continue
+            if all(close(w[k], exp[i][k], *_match_tolerance(ex, exp[i][k])) for k in w):
+                continue
+            out[i][m.key] = w
+    return out
 
 
 def _reproduces(ex: Exercise, got: dict, wrong: dict | None, exp: dict, fields: list[str]) -> bool:
@@ -173,7 +211,35 @@ def _reproduces(ex: Exercise, got: dict, wrong: dict | None, exp: dict, fields: 
             and any(not close(wrong[k], exp[k], *tol[k]) for k in fields))
 
 
-def _from_catalogue(m: Mistake, field: str) -> Diagnosis:
+@dataclass(frozen=True)
+class Known:
+    """A catalogue entry as the release ships it: its words, not its code."""
+
+    key: str
+    """The entry's key within its exercise ("missing-scale")."""
+    message: str
+    """Its fixed text for the student."""
+    section: str
+    """The book anchor that explains it."""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "message": self.message, "section": self.section}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Known":
+        if not isinstance(d, Mapping) or not all(isinstance(d.get(k), str) for k in ("key", "message", "section")):
+            raise ValueError("a known mistake needs key, message and section (text)")
+        return cls(d["key"], d["message"], d["section"])
+
+
+def known_mistakes(ex: Exercise) -> list[Known]:
+    """The catalogue's entries of an exercise, as words (trusted side: imports the catalogue)."""
+    from .mistakes import for_exercise
+
+    return [Known(m.key, m.message, m.section) for m in for_exercise(ex.id)]
+
+
+def _from_catalogue(m: Known, field: str) -> Diagnosis:
     return Diagnosis(Kind.CATALOGUE, m.key, m.message, m.section, field)
 
 
@@ -299,7 +365,8 @@ def _symptom_of(ex: Exercise, field: str, g0: np.ndarray, e0: np.ndarray) -> Dia
 
 
 def diagnose(ex: Exercise, case: Case, got: Any, expected: Any,
-             wrong: Mapping[str, Any] | None = None) -> Diagnosis | None:
+             wrong: Mapping[str, Any] | None = None,
+             entries: list[Known] | None = None) -> Diagnosis | None:
     """What is wrong with ``got`` (the student's probe output on ``case``), or None.
 
     ``got`` and ``expected`` are decoded probe outputs (dicts of named arrays,
@@ -308,6 +375,9 @@ def diagnose(ex: Exercise, case: Case, got: Any, expected: Any,
     value (an exception), or when nothing is recognised.  ``wrong``, if
     given, holds the catalogue's outputs on this case by key (precomputed,
     e.g. shipped with public cases); otherwise they are computed here.
+    ``entries``, if given, are the exercise's entries as words (shipped with
+    the public cases); otherwise they are read from the catalogue.  Given
+    both, the catalogue is not imported.
     """
     g, e = _fields(got), _fields(expected)
     if g is None or e is None or set(g) != set(e):
@@ -318,7 +388,8 @@ def diagnose(ex: Exercise, case: Case, got: Any, expected: Any,
         return None
     value_fields = [k for k in order if not is_gradient(k)]
     bad_values = [k for k in bad if not is_gradient(k)]
-    entries = for_exercise(ex.id)
+    if entries is None:
+        entries = known_mistakes(ex)
     outs = {k: _fields(v) for k, v in wrong.items()} if wrong is not None else wrong_outputs(ex, case)
     # 1. an entry that reproduces the whole answer
     for m in entries:
@@ -350,10 +421,14 @@ def diagnose(ex: Exercise, case: Case, got: Any, expected: Any,
     return found
 
 
-def explain(ex: Exercise, case: Case, got: Any, expected: Any) -> str:
-    """The diagnosis as one line for feedback ('' when nothing is recognised); never raises."""
+def explain(ex: Exercise, case: Case, got: Any, expected: Any,
+            wrong: Mapping[str, Any] | None = None, entries: list[Known] | None = None) -> str:
+    """The diagnosis as one line for feedback ('' when nothing is recognised); never raises.
+
+    ``wrong`` and ``entries`` as in :func:`diagnose` (a student's check passes both).
+    """
     try:
-        d = diagnose(ex, case, got, expected)
+        d = diagnose(ex, case, got, expected, wrong, entries)
     except Exception:  # noqa: BLE001 - a diagnosis is a bonus: the verdict stands without it
         return ""
     return d.text() if d is not None else ""

@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import RELEASE_LIBRARY
@@ -53,7 +53,7 @@ from .archive import Rejected, read_submission, sha256_file, unpack
 from .identity import secret_fingerprint
 from .registry import Exercise, secret, select
 from .runner import package_files, reference_results, run_and_grade
-from .sandbox import Limits, confinement
+from .sandbox import GRADING_LIMITS, Limits, confinement
 from .scoring import ExerciseResult, stubbed_exercises
 from .server import WorkerServer
 from .results import ArchiveResult, atomic_write, latest_by_student, result_name
@@ -75,7 +75,7 @@ class Grader:
         os.chmod(self.out, 0o700)
         self.exercises: list[Exercise] = select(spec)
         self.jobs = max(1, jobs)
-        self.limits = limits or Limits(per_exercise_s=30, per_archive_s=240, cpu_s=120)
+        self.limits = limits or GRADING_LIMITS
         self.use_bwrap = use_bwrap
         self.log = log
         self.roster = roster
@@ -312,7 +312,7 @@ def main_grade(args) -> int:
         from .identity import load_roster
 
         roster = load_roster(Path(args.roster))
-    limits = Limits(per_exercise_s=30, per_archive_s=args.budget, cpu_s=120)
+    limits = replace(GRADING_LIMITS, per_archive_s=args.budget)
     g = Grader(Path(args.out), args.exercises, jobs=args.jobs, limits=limits,
                use_bwrap=False if args.no_bwrap else None, ci_secret=args.ci_secret, roster=roster,
                require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend)

@@ -71,9 +71,10 @@ def notebook_jobs(sub, exercises: list[Exercise]):
             cells = [{"name": f"{e.label}-imports", "source": s} for s in locked.get(f"{e.label}-imports", [])]
             cells += [{"name": f"{e.label}-answer", "source": answer[0] if len(answer) == 1 else ""}]
             items.append({"id": e.id, "cells": cells})
-        # the test cells are not run here, so their checker is not imported (nor in the sandbox)
+        # the test cells are not run here, so their checker is not imported (nor in the sandbox),
+        # and the library is the archive's own (no workspace to load it from)
         setup = "\n".join(line for src in locked.get(f"ch{ch:02d}-setup", []) for line in src.splitlines()
-                          if not re.match(r"\s*from attn_course\.nbcheck import", line))
+                          if not re.match(r"\s*(from attn_course\.nbcheck import|use_workspace\(\))", line))
         yield ch, {"setup": setup, "exercises": items}, problems
 
 

@@ -141,7 +141,8 @@ def chapter_notebook(ch: int, exercises: dict[str, Exercise]) -> nbformat.Notebo
             metadata=_meta(f"ch{ch:02d}-intro")),
         nbformat.v4.new_code_cell(
             "import jax\n\njax.config.update(\"jax_enable_x64\", True)  # the cases are float64\n\n"
-            "from attn_course.nbcheck import check",
+            "from attn_course.nbcheck import check, use_workspace\n\n"
+            "use_workspace()  # attn_tensors from your workspace (the folder above notebooks/), not an installed copy",
             metadata=_meta(f"ch{ch:02d}-setup")),
     ]
     for e in chosen:

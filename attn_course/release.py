@@ -78,7 +78,16 @@ def write_stubs(dest: Path, exercises: dict[str, Exercise], strict: bool = True)
 
 
 def public_cases(exercises: dict[str, Exercise], chapter: int) -> dict:
-    """``{"3.1": {"title", "points", "function", "cases": [{name, note, inputs, expected}]}}``."""
+    """``{"3.1": {"title", "points", "function", "mistakes", "cases": [{name, note, inputs,
+    expected, wrong}]}}``.
+
+    ``mistakes`` are the catalogue's entries of the exercise as words (key,
+    message, book section) and each case's ``wrong`` their outputs on it
+    (:func:`attn_course.diagnose.catalogue_outputs`): data, so that a
+    student's check names a mistake without the catalogue, whose code never
+    leaves the trusted side.
+    """
+    from .diagnose import catalogue_outputs, known_mistakes
     from .runner import reference_results
 
     out = {}
@@ -87,13 +96,16 @@ def public_cases(exercises: dict[str, Exercise], chapter: int) -> dict:
             continue
         cases = e.make_cases(hidden=False)
         expected = reference_results(e, cases)
+        wrong = catalogue_outputs(e, cases, [{"status": x.status, "value": x.value} for x in expected])
         out[e.id] = {
             "title": e.title, "points": e.points, "function": e.function, "hint": e.hint,
             "book": e.book_page, "rtol": e.rtol, "atol": e.atol,
+            "mistakes": [m.to_dict() for m in known_mistakes(e)],
             "cases": [
                 {"name": c.name, "note": c.note, "inputs": values.encode(c.inputs),
-                 "expected": values.encode(x.public_dict()), **({"eager": True} if c.eager else {})}
-                for c, x in zip(cases, expected)
+                 "expected": values.encode(x.public_dict()), "wrong": values.encode(w),
+                 **({"eager": True} if c.eager else {})}
+                for c, x, w in zip(cases, expected, wrong)
             ],
         }
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from . import values
 from .registry import Case, Exercise
@@ -83,7 +83,8 @@ def describe_exit(rc: int | None) -> str:
 
 def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Exercise, list[Case]]],
                limits: Limits, deadline: float | None = None,
-               notebook: dict | None = None, backend: str = "jax") -> dict[str, list[Outcome]]:
+               notebook: dict | None = None, backend: str = "jax",
+               on_result: Callable[[str, list[Outcome]], None] | None = None) -> dict[str, list[Outcome]]:
     """Each exercise's outcomes (one per case, or one for all when it failed as a whole).
 
     ``deadline`` (``time.monotonic()``) is the archive's budget: what has not
@@ -91,10 +92,13 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     :func:`attn_course.worker.run_job`): the functions are a notebook's
     answer cells, run over ``files``, instead of the package's own.
     ``backend``: the framework the worker runs the cases on, "jax" or "mlx".
+    ``on_result(exercise id, outcomes)`` is called as each exercise's
+    outcomes are known (a progress display), in the order they arrive; it
+    should be quick, since the next exercise's clock runs meanwhile.
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
-    raw: dict[str, list[Outcome]] = {}
+    raw = _Reported(on_result)
     remaining = list(items)
     while remaining:
         todo = {ex.id: len(cases) for ex, cases in remaining}
@@ -168,7 +172,20 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             break
         raw[culprit] = [verdict]
         remaining = [(ex, cases) for ex, cases in left if ex.id != culprit]
-    return raw
+    return dict(raw)
+
+
+class _Reported(dict):
+    """The outcomes found so far; each new entry is passed on to a callback."""
+
+    def __init__(self, callback: Callable[[str, list[Outcome]], None] | None):
+        super().__init__()
+        self.callback = callback
+
+    def __setitem__(self, key: str, outcomes: list[Outcome]) -> None:
+        super().__setitem__(key, outcomes)
+        if self.callback is not None:
+            self.callback(key, outcomes)
 
 
 def run_and_grade(server: WorkerServer, files: dict[str, str],

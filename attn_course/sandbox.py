@@ -93,6 +93,10 @@ class Limits:
     output_mb: int = 16  # most a job may report (its results channel)
 
 
+GRADING_LIMITS = Limits(per_exercise_s=30, per_archive_s=240, cpu_s=120)
+"""What grading allows one exercise and one archive; a student's check allows no more per exercise."""
+
+
 def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     """The whole environment of a worker: nothing of the grader's."""
     from .xla_cache import WORKER_XLA_FLAGS

@@ -295,20 +295,26 @@ def _verdict(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: 
             what = "raised another exception" if st == "raised" else "returned a value"
         else:
             what = f"raised {got.type}: {got.message}" if st == "raised" else "returned a value"
-        return CaseResult(name, False, Status.WRONG, f"should raise {expected.type}, but {what}{note}", hidden)
+        return CaseResult(name, False, Status.WRONG, _noted(f"should raise {expected.type}, but {what}", note), hidden)
     if st == "raised":
         if hidden:
             return CaseResult(name, False, Status.RAISED, HIDDEN_WORDS["raised"], hidden)
         where = f" ({got.where})" if got.where else ""
-        return CaseResult(name, False, Status.RAISED, f"raised {got.type}: {got.message}{where}{note}", hidden)
+        return CaseResult(name, False, Status.RAISED, _noted(f"raised {got.type}: {got.message}{where}", note), hidden)
     msg = compare_values(expected.value or {}, got.value or {}, ex.rtol, ex.atol, show=not hidden,
                          tol=lambda dtype: tolerance(ex, backend, dtype))
     if msg:
         why = diagnose(ex, case, got.value or {}, expected.value or {}) if diagnose else ""
         if why:  # the catalogue's fixed words: safe on hidden cases too
             msg = f"{why}\n{msg}" if not hidden else f"{msg}: {why}"
-        return CaseResult(name, False, Status.WRONG, msg + note, hidden)
+        return CaseResult(name, False, Status.WRONG, _noted(msg, note), hidden)
     return CaseResult(name, True, Status.PASS, "", hidden)
+
+
+def _noted(message: str, note: str) -> str:
+    """The case's note after the message's first line (before any arrays that follow it)."""
+    first, nl, rest = message.partition("\n")
+    return first + note + nl + rest
 
 
 def stubbed_exercises(package: Path) -> set[str]:

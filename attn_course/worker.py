@@ -391,6 +391,31 @@ class _Notebook:
         self.found[ex.id] = (fn, error)
 
 
+PACKAGE_DOES_NOT_IMPORT = "the package does not import"
+
+
+def _package_path(filename: str) -> str:
+    """``attn_tensors/...`` of a file in the job's package (the rest of its path is the worker's)."""
+    parts = Path(filename.replace("\\", "/")).parts
+    return "/".join(parts[len(parts) - 1 - parts[::-1].index("attn_tensors"):]) if "attn_tensors" in parts else ""
+
+
+def _located(err: BaseException) -> str:
+    """An exception while importing, with the package file and line where it happened."""
+    if isinstance(err, SyntaxError):
+        where = _package_path(err.filename or "") or (err.filename or "")
+        line = (err.text or "").strip()
+        return (f"{where}:{err.lineno}: {type(err).__name__}: {err.msg}"
+                + (f"\n    {line[:200]}" if line else ""))
+    where = _where(err.__traceback__)
+    return (f"{where}: " if where else "") + f"{type(err).__name__}: {_text(err)}"
+
+
+def import_failure(err: BaseException) -> str:
+    """Why the package does not import, with the file and line where it failed."""
+    return f"{PACKAGE_DOES_NOT_IMPORT}: {_located(err)}"[:MAX_MESSAGE]
+
+
 def run_job(job: dict, package: Path, out) -> None:
     """Each exercise of the job on the package; one JSON line per exercise to ``out``.
 
@@ -406,7 +431,7 @@ def run_job(job: dict, package: Path, out) -> None:
         load_package(package)
         load_error = None
     except BaseException as err:  # noqa: BLE001 - the submission's failure is data
-        load_error = f"the package does not import: {type(err).__name__}: {err}"
+        load_error = import_failure(err)
     from_notebook = None
     if load_error is None and job.get("notebook") is not None:
         from_notebook = _Notebook(job["notebook"], exercises, {item["id"] for item in job["exercises"]})
@@ -421,7 +446,7 @@ def run_job(job: dict, package: Path, out) -> None:
             try:
                 fn = resolve(ex.function)
             except BaseException as err:  # noqa: BLE001
-                error = f"cannot import attn_tensors.{ex.function}: {type(err).__name__}: {err}"
+                error = f"cannot import attn_tensors.{ex.function}: {_located(err)}"
         results = _exercise_results(ex, fn, item["cases"], error, backend)
         out.write(json.dumps({"id": ex.id, "results": values.encode(results)}, allow_nan=False) + "\n")
         out.flush()

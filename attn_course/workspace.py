@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import EXERCISES, RELEASE_LIBRARY
@@ -191,16 +192,49 @@ def meta(workspace: Path) -> dict:
     return info
 
 
-def record_progress(workspace: Path, results) -> set[str]:
-    """Remember which exercises pass their public cases; returns all that pass."""
+def library_digest(files: dict[str, str]) -> str:
+    """A digest of a package's source files (``runner.package_files``): what a check's verdicts hold for."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].encode(errors="replace") + b"\0")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Which exercises pass their public cases, as far as the checks so far tell."""
+
+    passed: frozenset[str]
+    """Passed on the library exactly as it is now."""
+    outdated: frozenset[str]
+    """Passed on an earlier version of the library, not checked since it changed."""
+
+
+def record_progress(workspace: Path, results, digest: str) -> Progress:
+    """Remember which exercises pass their public cases on the source with ``digest``
+    (:func:`library_digest`), then read the progress back against the source as it is now."""
+    from .runner import package_files
+
     path = Path(workspace) / ".course" / "progress.json"
-    passed = set(json.loads(path.read_text())) if path.exists() else set()
+    try:
+        old = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        old = {}
+    if isinstance(old, list):  # the first format: ids only, the code they passed on unknown
+        old = {"passed": {i: "" for i in old if isinstance(i, str)}}
+    passed = old.get("passed", {}) if isinstance(old, dict) else {}
+    passed = {k: v for k, v in passed.items() if isinstance(k, str) and isinstance(v, str)}
     for r in results:
-        (passed.add if r.passed else passed.discard)(r.exercise.id)
+        if r.passed:
+            passed[r.exercise.id] = digest
+        else:
+            passed.pop(r.exercise.id, None)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sorted(passed)))
+    tmp.write_text(json.dumps({"format": 2, "passed": dict(sorted(passed.items()))}, indent=1) + "\n")
     os.replace(tmp, path)
-    return passed
+    now = library_digest(package_files(Path(workspace)))  # after the run: the source may have changed
+    current = frozenset(i for i, d in passed.items() if d == now)
+    return Progress(current, frozenset(passed) - current)
 
 
 def sha256(path: Path) -> str:

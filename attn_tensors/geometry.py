@@ -98,8 +98,23 @@ def _squared_length(xp: Backend, v: Any, g: Any, vname: str) -> Any:
     return xp.maximum(q, xp.zeros_like(q))
 
 
-def _require_nonzero(xp: Backend, length: Any, vname: str) -> None:
-    if is_concrete(length) and xp.any_true(length == 0):
+def _require_nonzero(v: Any, g: Any, vname: str) -> None:
+    """||v||_g > 0 for every vector: checked on the inputs when they are concrete.
+
+    The inputs, not a length computed from them: under ``jit`` with the
+    inputs as constants (how the course runs a case) they are still
+    concrete while anything computed from them is a tracer, and the zero
+    vector would give a NaN instead of this error.
+    """
+    if not (is_concrete(v) and is_concrete(g)):
+        return
+    vv = np.asarray(v, dtype=np.float64)
+    gg = np.asarray(g, dtype=np.float64)
+    # q = v^a g_{ab} v^b, zero up to rounding (a q below that is _squared_length's error)
+    q = np.einsum("...a,...ab,...b->...", vv, gg, vv)
+    size = np.einsum("...a,...ab,...b->...", np.abs(vv), np.abs(gg), np.abs(vv))
+    slack = 8 * vv.shape[-1] * np.finfo(np.float64).eps * size
+    if np.any((q <= 0) & (q >= -slack)):
         raise AttentionInputError(
             f"{vname} has zero length under g (||{vname}||_g = 0: the zero "
             "vector, or a null direction of a degenerate metric); its angle "
@@ -134,18 +149,19 @@ def cosine_similarity(u: Any, v: Any, g: Any) -> Any:
     """cos(theta) = u^a g_{ab} v^b / (||u||_g ||v||_g).
 
     A vector of zero length has no direction: that is an error when the
-    values are concrete (inside ``jit`` the result would be NaN).
+    inputs are concrete (as they are when ``jit`` closes over them; with
+    traced inputs the result would be NaN).
     """
     xp = namespace(u, v, g)
     u, v, g = xp.floating(xp.asarray(u), xp.asarray(v), xp.asarray(g))
     u, g = _vector_and_metric(xp, u, g, "u")
     v, g = _vector_and_metric(xp, v, g, "v")
     batch_shape((u, 1), (v, 1), (g, 2))
+    _require_nonzero(u, g, "u")
+    _require_nonzero(v, g, "v")
     ### BEGIN SOLUTION 4.1
     nu = xp.sqrt(_squared_length(xp, u, g, "u"))
     nv = xp.sqrt(_squared_length(xp, v, g, "v"))
-    _require_nonzero(xp, nu, "u")
-    _require_nonzero(xp, nv, "v")
     # B(u, v) = u^a g_{ab} v^b
     b = xp.einsum("...a,...ab,...b->...", u, g, v)
     return b / (nu * nv)

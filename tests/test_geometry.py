@@ -592,6 +592,23 @@ def test_natural_gradient_step_is_reparameterisation_invariant(rng):
 # ---------------------------------------------------------------------------
 
 
+def test_zero_vector_raises_under_jit_with_constant_inputs():
+    """Exercise 4.1's zero-vector case: a jit that closes over the inputs (how the course runs
+    a case) still raises, instead of returning NaN from the traced length."""
+    u = jnp.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]])
+    v = jnp.ones((2, 3))
+    g3 = jnp.eye(3) + 0.1
+    with pytest.raises(AttentionInputError, match="u has zero length"):
+        jax.jit(lambda: G.angle(u, v, g3))()
+    with pytest.raises(AttentionInputError, match="v has zero length"):
+        jax.jit(lambda: G.cosine_similarity(v, u, g3))()
+    # an indefinite metric is still called indefinite, not "zero length"
+    with pytest.raises(AttentionInputError, match="not positive"):
+        G.cosine_similarity(jnp.array([0.0, 1.0]), jnp.array([2.0, 1.0]), jnp.diag(jnp.array([1.0, -1.0])))
+    # traced inputs: no value check, and no error
+    assert jax.jit(G.angle)(u[:1], v[:1], g3).shape == (1,)
+
+
 def test_errors_name_index_and_sizes(rng):
     """Mismatched d, wrong metric_fn shape, zero vectors, bad metrics, bad damping."""
     g3 = jnp.eye(3)

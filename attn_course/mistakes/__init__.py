@@ -34,6 +34,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
+from ..book import anchor  # noqa: F401 - where a label is (re-exported)
 from ..registry import CHAPTERS
 
 
@@ -74,13 +75,6 @@ def _label_chapter(label: str) -> int:
 
 _LABEL_CHAPTER = {"foundations": 1, "attention": 2, "statmech": 3, "geometry": 4, "gradients": 5,
                   "multihead": 6, "variants": 7, "hopfield": 8, "efficient": 9, "wx": 10}
-
-
-def anchor(label: str, chapter: int) -> str:
-    """The HTML address of a book label (equations get Sphinx's ``equation-`` prefix)."""
-    page = CHAPTERS[chapter][0]
-    target = f"equation-{label}" if label.startswith("eq-") else label
-    return f"chapters/{page}.html#{target}"
 
 
 def mistake(exercise: str, key: str, label: str, message: str) -> Callable[[Callable], Callable]:

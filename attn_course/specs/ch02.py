@@ -50,6 +50,16 @@ def _scores_cases(rng, hidden):
     return cases
 
 
+def _square_keys(rng, hidden):
+    """Q K and Q K^T have the same shape only when n_k = d_k: there a K left untransposed shows."""
+    n_q, d = sizes(rng, hidden, (3, 4))
+    return [
+        Case("square keys (n_k = d_k)", {"Q": normal(rng, n_q, d), "K": normal(rng, d, d), "g": None,
+                                         "scale": None},
+             f"K of shape ({d}, {d}): Q K and Q K^T have the same shape, so only the values tell them apart"),
+    ]
+
+
 # -- 2.2 softmax_and_log_partition ------------------------------------------------
 
 
@@ -154,7 +164,8 @@ def _low_rank_cases(rng, hidden):
 
 EXERCISES = [
     Exercise(
-        "2.1", "Attention scores", "attention.attention_scores", _scores_cases, points=2,
+        "2.1", "Attention scores", "attention.attention_scores",
+        lambda rng, hidden: _scores_cases(rng, hidden) + _square_keys(rng, hidden), points=2,
         hint="Contract the feature index a of Q and K (the last axis of both) and keep the "
         "leading axes with '...'; with a metric, S = Q g K^T carries its own scale.",
     ),

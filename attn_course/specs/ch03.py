@@ -67,6 +67,17 @@ def _ground_state_cases(rng, hidden):
     ]
 
 
+def _heat_capacity_offset(rng, hidden):
+    """A large common offset with a spread of order 1: where <S^2> - <S>^2 loses every digit."""
+    n_q, n_k = sizes(rng, hidden, (3, 5))
+    T = 1.0 if not hidden else float(rng.uniform(0.5, 2.0))
+    return [
+        Case("large common offset", {"S": 1e6 + normal(rng, n_q, n_k), "mask": None, "T": T},
+             "scores 1e6 + N(0, 1): the weights are spread, and <S^2> - <S>^2 cancels "
+             "catastrophically (centre the scores first)"),
+    ]
+
+
 EXERCISES = [
     Exercise(
         "3.1", "Stable, masked log-partition function", "statmech.log_partition_function",
@@ -88,7 +99,7 @@ EXERCISES = [
     ),
     Exercise(
         "3.4", "Heat capacity", "statmech.heat_capacity",
-        lambda rng, hidden: _score_cases(rng, hidden), points=2,
+        lambda rng, hidden: _score_cases(rng, hidden) + _heat_capacity_offset(rng, hidden), points=2,
         probe=with_grad("S", name="C"),
         hint="Centre the scores (two passes): <S^2> - <S>^2 cancels catastrophically for large scores.",
     ),

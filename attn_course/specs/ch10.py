@@ -86,6 +86,15 @@ def _gibbs_cases(rng, hidden):
     ]
 
 
+def _cold_example2(rng, hidden):
+    """Example 2 far below T = 2/709, where exp(S/T) overflows unless the maximum is subtracted."""
+    T = 1e-3 if not hidden else float(rng.uniform(5e-4, 2e-3))
+    return [
+        Case("Example 2, T=0.001" if not hidden else "5", {"S": np.array([2.0, 1.0, 0.0]), "mask": None, "T": T},
+             "scores (2, 1, 0) at T = 0.001: exp(S/T) overflows unless the maximum is subtracted"),
+    ]
+
+
 def _weight_rows(rng, hidden):
     """Example 2's weights (and both limits), Example 1's, Example 3's with its mask."""
     Q, K, V = example1()
@@ -146,7 +155,8 @@ EXERCISES = [
         hint="S = Q g K^T with g = I/sqrt(d_k) by default; a fully masked row has A = 0, O = 0, log Z = -inf.",
     ),
     Exercise(
-        "10.2", "The Gibbs distribution at temperature T", "statmech.gibbs_distribution", _gibbs_cases,
+        "10.2", "The Gibbs distribution at temperature T", "statmech.gibbs_distribution",
+        lambda rng, hidden: _gibbs_cases(rng, hidden) + _cold_example2(rng, hidden),
         points=2, hint="Divide by T first, then subtract the row maximum: nothing overflows even at T = 0.01.",
     ),
     Exercise(

@@ -1,0 +1,336 @@
+"""`attn-course check` respects the student's time and says things once.
+
+Progress while it runs, the grader's time limit, an import error once with
+its file and line, a progress summary about the code as it is now, numbers
+printed as numbers, `| head` without a traceback, and help on every option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from attn_course import cli, workspace
+from attn_course.registry import all_exercises
+from attn_course.sandbox import GRADING_LIMITS
+
+from test_student_path import ANSWER_3_1, course
+
+
+def _replace_stub(ws: Path, module: str, ex_id: str, body: str) -> None:
+    path = ws / "attn_tensors" / f"{module}.py"
+    src = path.read_text()
+    stub = re.search(rf"^    raise NotImplementedError\('Exercise {re.escape(ex_id)}: .*\n", src, re.M)
+    assert stub, f"the {ex_id} stub line"
+    path.write_text(src[: stub.start()] + body + src[stub.end():])
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return workspace.create(tmp_path / "ws", "s1234567")
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def _subparsers(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from action.choices.items()
+
+
+def test_every_argument_of_every_subcommand_has_help():
+    parser = cli.build_parser()
+    subs = dict(_subparsers(parser))
+    assert {"check", "workspace", "submit", "grade", "release", "validate"} <= set(subs)
+    missing = []
+    for name, sub in subs.items():
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if not (action.help or "").strip() or action.help == argparse.SUPPRESS:
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, f"arguments without help: {missing}"
+    # and each subcommand says what it is for in the overview
+    choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helped = {c.dest for c in choices._choices_actions if (c.help or "").strip()}
+    assert helped == set(subs), set(subs) - helped
+
+
+@pytest.mark.slow
+def test_a_broken_pipe_ends_quietly(ws):
+    """`attn-course check | head -1`: no BrokenPipeError traceback when head stops reading."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run(["sh", "-c", f"'{sys.executable}' -m attn_course.cli check 2 | head -1"],
+                       cwd=ws, env=env, capture_output=True, text=True, timeout=600)
+    assert r.stdout.startswith("[ TODO] Exercise 2.1"), r.stdout
+    assert len(r.stdout.splitlines()) == 1
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+# -- what a run says --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_progress_lines_while_it_runs_and_numbers_as_numbers(ws):
+    # 2.1 with the 1/sqrt(d_k) forgotten: wrong values on the default-scale case
+    _replace_stub(ws, "attention", "2.1",
+                  "    if g is not None:\n"
+                  "        return xp.einsum('...ia,ab,...jb->...ij', Q, g, K)\n"
+                  "    return xp.einsum('...ia,...ja->...ij', Q, K) * (1.0 if scale is None else scale)\n")
+    _replace_stub(ws, "statmech", "3.1", ANSWER_3_1)
+    r = course("check", "2", cwd=ws)
+    assert r.returncode == 1
+    progress = [ln for ln in r.stderr.splitlines() if " ... " in ln]
+    assert [ln.split()[0] for ln in progress] == ["2.1", "2.2", "2.3", "2.4", "2.5"], r.stderr
+    assert re.fullmatch(r"2\.1 +\.\.\. FAIL \(\d/\d pass\)", progress[0]), progress[0]
+    assert progress[1].endswith("not implemented yet")
+    out = r.stdout
+    assert "np.float64" not in out and "array(" not in out, out
+    m = re.search(r"expected (\S+), got (\S+) \(largest error", out)
+    assert m, out
+    float(m.group(1)), float(m.group(2))  # both plain numbers
+    r = course("check", "3.1", cwd=ws)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^3\.1 +\.\.\. pass \((\d+)/\1\)$", r.stderr, re.M), r.stderr
+
+
+@pytest.mark.slow
+def test_an_import_error_is_reported_once_with_file_and_line(ws):
+    path = ws / "attn_tensors" / "attention.py"
+    lines = path.read_text().splitlines(keepends=True)
+    lines.append("scores_table = undefined_helper(3)\n")
+    path.write_text("".join(lines))
+    r = course("check", "all", cwd=ws)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stdout + r.stderr
+    assert r.stdout.count("NameError") == 1, r.stdout
+    assert f"attn_tensors/attention.py:{len(lines)}" in r.stdout, r.stdout
+    assert "does not import" in r.stdout and "[ TODO]" not in r.stdout
+    assert r.stderr.count("does not import") == 1, r.stderr
+    # a syntax error: the file, the line and the line's text
+    lines[-1] = "scores_table = (3,\n"
+    path.write_text("".join(lines))
+    r = course("check", "2", cwd=ws)
+    assert r.stdout.count("SyntaxError") == 1, r.stdout
+    assert f"attn_tensors/attention.py:{len(lines)}" in r.stdout and "scores_table = (3," in r.stdout
+
+
+@pytest.mark.slow
+def test_an_error_shared_by_every_case_is_said_once(ws):
+    _replace_stub(ws, "statmech", "3.1", "    raise RuntimeError('my own bug')\n")
+    r = course("check", "3.1", cwd=ws)
+    n = len(all_exercises()["3.1"].make_cases(hidden=False))
+    assert r.stdout.count("my own bug") == 1, r.stdout
+    assert f"all {n} cases: raised RuntimeError: my own bug" in r.stdout
+    assert "attn_tensors/statmech.py:" in r.stdout  # where it was raised
+
+
+@pytest.mark.slow
+def test_the_time_limit_is_grading_s(ws, monkeypatch, capsys):
+    """An infinite loop is stopped at grading's per-exercise limit, and check says so."""
+    from attn_course import sandbox
+
+    assert sandbox.GRADING_LIMITS.per_exercise_s <= 60
+    short = dataclasses.replace(GRADING_LIMITS, per_exercise_s=2.0)
+    monkeypatch.setattr(sandbox, "GRADING_LIMITS", short)  # what `check` reads at run time
+    _replace_stub(ws, "statmech", "3.1", "    while True:\n        pass\n")
+    rc = cli.main(["check", "3", "--workspace", str(ws)])
+    out, err = capsys.readouterr()
+    assert "(at most 2 s each, as in grading)" in err
+    assert rc == 1
+    assert "exercise 3.1 ran past the 2 s limit" in out, out
+    assert re.search(r"^3\.1 +\.\.\. ran past the 2 s limit$", err, re.M), err
+    assert "[ TODO] Exercise 3.2" in out  # the others still ran
+
+
+def test_grading_and_check_share_the_limit(tmp_path):
+    from attn_course.grade import Grader
+
+    g = Grader(tmp_path / "grading", "3.1", ci_secret=True, use_bwrap=False, log=lambda *a: None)
+    assert g.limits == GRADING_LIMITS
+
+
+@pytest.mark.slow
+def test_progress_counts_only_passes_on_the_code_as_it_is(ws):
+    _replace_stub(ws, "statmech", "3.1", ANSWER_3_1)
+    n = len(all_exercises())
+    r = course("check", "3.1", cwd=ws)
+    assert r.returncode == 0 and f"Progress: 1/{n} exercises" in r.stdout
+    # the student edits the library (here: breaks 3.1) and checks another exercise
+    path = ws / "attn_tensors" / "statmech.py"
+    path.write_text(path.read_text().replace("    s = S / T\n", "    s = S * T\n"))
+    r = course("check", "3.2", cwd=ws)
+    assert f"Progress: 0/{n} exercises" in r.stdout, r.stdout
+    assert "Not counted: 3.1 passed before your library changed" in r.stdout
+    r = course("check", "3.1", cwd=ws)
+    assert r.returncode == 1 and f"Progress: 0/{n} exercises" in r.stdout and "Not counted" not in r.stdout
+    path.write_text(path.read_text().replace("    s = S * T\n", "    s = S / T\n"))
+    r = course("check", "3.1", cwd=ws)
+    assert r.returncode == 0 and f"Progress: 1/{n} exercises" in r.stdout
+
+
+def test_feedback_files_put_arrays_in_code_blocks():
+    from attn_course.report import feedback_text
+    from attn_course.scoring import compare_values
+
+    e = np.arange(12.0).reshape(3, 4) / 7
+    msg = compare_values({"value": e}, {"value": 2 * e}, 1e-9, 1e-12, show=True)
+    assert "\n" in msg
+    ex = all_exercises()["2.1"]
+    r = SimpleNamespace(student_id="s1", archive="a.zip", total=0.0, budget_spent=False,
+                        scores={"2.1": 0.0}, notebook_feedback={}, notebook_scores={},
+                        feedback={"2.1": {"status": "fail", "cases": [
+                            {"case": "default scale", "passed": False, "message": msg}]}})
+    text = feedback_text(r, [ex])
+    assert "np.float64" not in text
+    inside, fenced = False, []
+    for ln in text.splitlines():
+        if ln.startswith("```"):
+            inside = not inside
+        elif inside:
+            fenced.append(ln)
+    assert not inside
+    rows = [ln for ln in text.splitlines() if re.match(r"\s*(expected|got)\s+\[\[", ln)]
+    assert len(rows) == 2 and all(ln in fenced for ln in rows), text
+
+
+# -- naming the mistake, without the catalogue ---------------------------------------------
+
+BLOCK_CATALOGUE = ("import sys; sys.modules['attn_course.mistakes'] = None; "  # importing it now fails
+                   "from attn_course.cli import main; sys.exit(main())")
+
+
+@pytest.mark.slow
+def test_check_names_a_catalogued_mistake_without_the_catalogue(ws):
+    from attn_course.mistakes import for_exercise
+
+    entry = next(m for m in for_exercise("2.1") if m.key == "missing-scale")
+    _replace_stub(ws, "attention", "2.1",
+                  "    if g is not None:\n"
+                  "        return xp.einsum('...ia,ab,...jb->...ij', Q, g, K)\n"
+                  "    return xp.einsum('...ia,...ja->...ij', Q, K) * (1.0 if scale is None else scale)\n")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, "-c", BLOCK_CATALOGUE, "check", "2.1"], cwd=ws, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert entry.message in r.stdout, r.stdout
+    assert entry.section in r.stdout
+
+
+def test_the_shipped_outputs_name_each_entry():
+    """Each entry's shipped output on a public case, given as an answer, is named as that entry
+    (or one with the same output there), from the shipped data alone; every entry is named on
+    some public case."""
+    from attn_course import RELEASE_LIBRARY
+    from attn_course.check import load_cases
+    from attn_course.diagnose import Kind, close, diagnose
+    from attn_course.mistakes import for_exercise
+
+    exercises = list(all_exercises().values())
+    public = load_cases(RELEASE_LIBRARY / "cases", exercises)
+    unnamed = []
+    for ex in exercises:
+        p = public[ex.id]
+        assert [m.key for m in p.mistakes] == [m.key for m in for_exercise(ex.id)], ex.id
+        named = set()
+        for case, exp, wrong in zip(p.cases, p.expected, p.wrong):
+            for key, out in wrong.items():
+                d = diagnose(ex, case, out, exp.value, wrong=wrong, entries=p.mistakes)
+                assert d is not None and d.kind == Kind.CATALOGUE, (ex.id, case.name, key, d)
+                same = d.key == key or all(close(out[k], wrong[d.key][k], ex.rtol, ex.atol) for k in out)
+                assert same, (ex.id, case.name, key, d.key)
+                named.add(d.key)
+                # and the reference's own answer is never diagnosed
+                assert diagnose(ex, case, exp.value, exp.value, wrong=wrong, entries=p.mistakes) is None
+        unnamed += [f"{ex.id} {m.key}" for m in p.mistakes if m.key not in named]
+    assert not unnamed, f"entries no public case shows: {unnamed}"
+
+
+def _texts(folder: Path):
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            yield path, path.read_text(errors="replace")
+
+
+def test_the_release_and_a_workspace_hold_no_catalogue(tmp_path):
+    from attn_course import EXERCISES
+    from attn_course.mistakes import catalogue
+
+    ws = workspace.create(tmp_path / "ws", "s1234567")
+    entries = catalogue()
+    names = {m.wrong.__name__ for m in entries}
+    modules = {m.wrong.__module__ for m in entries}
+    assert len(names) > 20 and "attn_course.mistakes.ch02" in modules
+    found = []
+    for folder in (EXERCISES, ws):
+        for path, text in _texts(folder):
+            rel = path.relative_to(folder)
+            if "mistakes" in rel.parts or rel.parts[0] == "attn_course":
+                found.append(str(rel))
+            hits = [n for n in names if f"def {n}(" in text] + [m for m in modules if m in text]
+            if hits:
+                found.append(f"{rel}: {hits[:3]}")
+    assert not found, found
+
+
+# -- the notebooks: the student's own code, the same report ------------------------------------
+
+
+def _cells(nb, ids):
+    return [c for c in nb.cells if c.get("id") in ids]
+
+
+@pytest.mark.slow
+def test_notebook_test_cell_checks_the_workspace_library_and_reports_like_check(ws):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from attn_course.mistakes import for_exercise
+
+    entry = next(m for m in for_exercise("2.1") if m.key == "missing-scale")
+    # the workspace's library, not an installed one: a marker only the workspace's copy has
+    init = ws / "attn_tensors" / "__init__.py"
+    init.write_text(init.read_text() + "\nWORKSPACE_MARKER = 'mine'\n")
+    nb = nbformat.read(ws / "notebooks" / "ch02.ipynb", as_version=4)
+    answer = _cells(nb, {"ex-2-1-answer"})[0]
+    assert "raise NotImplementedError()" in answer.source
+    answer.source = answer.source.replace(
+        "    # YOUR CODE HERE\n    raise NotImplementedError()",
+        "    if g is not None:\n        return xp.einsum('...ia,ab,...jb->...ij', Q, g, K)\n"
+        "    return xp.einsum('...ia,...ja->...ij', Q, K) * (1.0 if scale is None else scale)")
+    probe = nbformat.v4.new_code_cell("import attn_tensors, attn_tensors.attention as m\n"
+                                      "print(attn_tensors.WORKSPACE_MARKER, m.__file__)")
+    nb.cells = _cells(nb, {"ch02-setup", "ex-2-1-imports", "ex-2-1-answer", "ex-2-1-tests"}) + [probe]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ws / "notebooks")}}).execute(env=env)
+    out = {c.id: c.get("outputs", []) for c in nb.cells if c.cell_type == "code"}
+    said = "".join(o.get("text", "") for o in out["ch02-setup"])
+    assert f"your library in {ws / 'attn_tensors'}" in said, said
+    last = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert last.startswith("mine ") and str(ws / "attn_tensors" / "attention.py") in last, last
+    errors = [o for o in out["ex-2-1-tests"] if o.output_type == "error"]
+    assert len(errors) == 1 and errors[0].ename == "AssertionError", out["ex-2-1-tests"]
+    text = errors[0].evalue
+    assert "Fix the answer cell above (`def attention_scores`, grade id ex-2-1-answer)" in text, text
+    assert entry.message in text, text  # the mistake named, as `attn-course check` names it
+    # the same report as `attn-course check 2.1` on the same code in the library
+    _replace_stub(ws, "attention", "2.1",
+                  "    if g is not None:\n        return xp.einsum('...ia,ab,...jb->...ij', Q, g, K)\n"
+                  "    return xp.einsum('...ia,...ja->...ij', Q, K) * (1.0 if scale is None else scale)\n")
+    r = course("check", "2.1", "-q", cwd=ws)
+    block = r.stdout.split("\n\nProgress:")[0].strip()
+    assert block.splitlines()[0].startswith("[ FAIL] Exercise 2.1")
+    nb_block = text.split("attn-course check 2.1`:", 1)[1].strip()
+    strip_hint = "\n".join(ln for ln in nb_block.splitlines() if not ln.strip().startswith("hint:"))
+    assert strip_hint == block, (strip_hint, block)
