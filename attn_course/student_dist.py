@@ -93,6 +93,29 @@ def _imports(name: str, path: Path) -> set[str]:
     return found
 
 
+LAZY_TRUSTED = ("attn_course.cli", "attn_course.diagnose")
+"""Student modules that may import trusted-side modules inside functions only: ``cli`` in the
+instructors' subcommands, ``diagnose`` where it is called without the shipped outputs (the
+grader; ``check`` always passes them, and tests/course/test_check.py runs it with the
+catalogue blocked)."""
+
+
+def _lazy_only(path: Path, module: str) -> bool:
+    """True when ``path`` imports ``module`` only inside function bodies."""
+    tree = ast.parse(path.read_text(), str(path))
+    leaf = module.rsplit(".", 1)[-1]
+    for node in tree.body:  # top-level statements (an `if` or `try` at top level counts as top level)
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                break
+            if isinstance(sub, ast.ImportFrom) and (leaf == (sub.module or "").rsplit(".", 1)[-1]
+                                                    or any(a.name == leaf for a in sub.names)):
+                return False
+            if isinstance(sub, ast.Import) and any(a.name == module for a in sub.names):
+                return False
+    return True
+
+
 def _trusted(name: str) -> bool:
     return any(name == b or name.startswith(b + ".") for b in NEVER_SHIPPED)
 
@@ -112,8 +135,8 @@ def student_modules(roots: tuple[str, ...] = STUDENT_COMMANDS) -> tuple[str, ...
         for parent in range(1, name.count(".") + 1):  # a package's __init__ comes with its modules
             todo.append(name.rsplit(".", parent)[0])
         found = _imports(name, path)
-        if name == "attn_course.cli":  # the instructors' subcommands import these lazily: left out
-            found = {m for m in found if not _trusted(m)}
+        if name in LAZY_TRUSTED:  # imported only inside functions a student never reaches: left out
+            found = {m for m in found if not (_trusted(m) and _lazy_only(path, m))}
         todo.extend(found)
     bad = sorted(n for n in seen if _trusted(n))
     if bad:
