@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--exercises", default="all", help="exercise, chapter or all (default)")
     g.add_argument("--jobs", type=int, default=2, help="parallel workers (default 2)")
     g.add_argument("--regrade", action="store_true", help="grade finished archives again")
+    g.add_argument("--scheduler", metavar="ADDRESS",
+                   help="grade on this Dask cluster (e.g. tcp://host:8786), one task per archive, instead of "
+                        "--jobs local workers; each Dask worker needs ATTN_COURSE_SECRET in its environment")
     g.add_argument("--no-bwrap", action="store_true", help="do not use bubblewrap (limits only)")
     g.add_argument("--roster", metavar="CSV",
                    help="the class roster (a student_id column): archives of students not on it are rejected")
