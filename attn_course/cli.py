@@ -201,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--exercises", default="all", help="exercise, chapter or all (default)")
     g.add_argument("--jobs", type=int, default=2, help="parallel workers (default 2)")
     g.add_argument("--regrade", action="store_true", help="grade finished archives again")
+    g.add_argument("--deadline", metavar="ISO_TIME",
+                   help="late policy: the deadline, ISO 8601 with its time zone (2026-12-01T23:59+01:00); an "
+                        "archive's receipt time is its file's modification time")
+    g.add_argument("--grace", type=float, default=0.0, metavar="MINUTES",
+                   help="late policy: minutes after the deadline that still count as on time (default 0)")
+    g.add_argument("--late-penalty", type=float, default=0.0, metavar="PERCENT",
+                   help="late policy: percent of the total taken per started day late (default 0)")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="grade on this Dask cluster (e.g. tcp://host:8786), one task per archive, instead of "
                         "--jobs local workers; each Dask worker needs ATTN_COURSE_SECRET in its environment")
@@ -245,10 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     from .regions import RegionError
     from .identity import IdentityError
     from .workspace import WorkspaceError
+    from .late import LatePolicyError
+    from .dask_pool import ClusterError
 
     try:
         return args.func(args)
-    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, IdentityError) as err:
+    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, IdentityError, LatePolicyError,
+            ClusterError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"attn-course: {msg}", file=sys.stderr)
         return 2

@@ -65,12 +65,13 @@ class Grader:
     def __init__(self, out: Path | None, spec: str = "all", jobs: int = 2, limits: Limits | None = None,
                  use_bwrap: bool | None = None, log=print, ci_secret: bool = False,
                  roster=None, require_token: bool = True, notebooks: bool = False,
-                 scheduler: str | None = None):
+                 scheduler: str | None = None, late=None):
         """``out`` None: a grader that only grades archives (on a Dask worker), writing nothing."""
         self.secret = secret(allow_ci=ci_secret)  # refuses before anything is written
         self.fingerprint = secret_fingerprint(self.secret)
         self.ci_secret = ci_secret
         self.scheduler = scheduler
+        self.late = late  # attn_course.late.LatePolicy | None: applied to the totals, not to the scores
         self.out = Path(out) if out is not None else None
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -252,7 +253,8 @@ class Grader:
         results = self.load_results(archives)
         from .report import write_outputs
 
-        write_outputs(self.out, results, self.exercises, self.roster, self.notebooks)
+        write_outputs(self.out, results, self.exercises, self.roster, self.notebooks, late=self.late,
+                      assignment=ASSIGNMENT)
         self.log(f"graded {len(todo)} archives in {time.monotonic() - t0:.1f} s; see {self.out}")
         return results
 
@@ -326,10 +328,15 @@ def main_grade(args) -> int:
 
         roster = load_roster(Path(args.roster))
     limits = Limits(per_exercise_s=30, per_archive_s=args.budget, cpu_s=120)
+    late = None
+    if getattr(args, "deadline", None):
+        from .late import LatePolicy
+
+        late = LatePolicy.parse(args.deadline, args.grace, args.late_penalty)
     g = Grader(Path(args.out), args.exercises, jobs=args.jobs, limits=limits,
                use_bwrap=False if args.no_bwrap else None, ci_secret=args.ci_secret, roster=roster,
                require_token=not args.trust_manifest_ids, notebooks=args.notebooks,
-               scheduler=getattr(args, "scheduler", None))
+               scheduler=getattr(args, "scheduler", None), late=late)
     if g.use_bwrap is not False and not g.scheduler:  # on a cluster, each worker decides (and reports)
         from .sandbox import bwrap_works
 

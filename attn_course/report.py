@@ -13,18 +13,25 @@ import io
 from collections import Counter
 from pathlib import Path
 
+from .exports import GradeRow, grade_rows, write_exports
+from .late import LatePolicy
 from .registry import Exercise
 from .results import atomic_write, latest_by_student, result_name
 from .text import csv_cell, md_code_block, md_inline
 
 
-def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False) -> None:
+def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False,
+                  late: LatePolicy | None = None, assignment: str = "attn-tensors-library") -> None:
+    """Gradebook (with ``late``: days late and the total after the penalty), exports, feedback, report."""
     best = latest_by_student(results)
     ids = [e.id for e in exercises]
     maxp = float(sum(e.points for e in exercises))
+    rows = {g.student_id: g for g in grade_rows(best, exercises, roster, late)}
     buf = io.StringIO()
     w = csv.writer(buf)
     head = ["student_id", *ids, "total", "max", "archive"]
+    if late:
+        head += ["days_late", "final"]
     if notebooks:
         head += [f"notebook {i}" for i in ids] + ["notebook total"]
     w.writerow(head)
@@ -32,13 +39,16 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
         r = best[sid]
         scores = [r.scores.get(i, 0.0) for i in ids]
         row = [csv_cell(sid), *[f"{s:g}" for s in scores], f"{sum(scores):g}", f"{maxp:g}", csv_cell(r.archive)]
+        if late:
+            row += [str(rows[sid].late_days), f"{rows[sid].total:g}"]
         if notebooks:
             nb = [r.notebook_scores.get(i, 0.0) for i in ids]
             row += [f"{s:g}" for s in nb] + [f"{sum(nb):g}"]
         w.writerow(row)
     atomic_write(out / "gradebook.csv", buf.getvalue())
+    write_exports(out, list(rows.values()), exercises, assignment)
     for sid, r in best.items():
-        atomic_write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises))
+        atomic_write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises, rows[sid] if late else None, late))
     rejected = [r for r in results if r.rejected]
     for r in rejected:
         name = result_name(Path(r.archive)).removesuffix(".json")
@@ -78,10 +88,15 @@ def _section(out: list[str], title: str, scores: dict, feedback: dict, exercises
         out.append("")
 
 
-def feedback_text(r, exercises: list[Exercise]) -> str:
+def feedback_text(r, exercises: list[Exercise], row: GradeRow | None = None,
+                  late: LatePolicy | None = None) -> str:
     maxp = sum(e.points for e in exercises)
     out = [f"# Feedback for {md_inline(r.student_id, 64)}", "", f"Archive: {md_inline(r.archive, 120)}  ",
-           f"Total: {r.total:g} / {maxp:g} points", "",
+           f"Total: {r.total:g} / {maxp:g} points", ""]
+    if row is not None and late is not None and row.late_days:
+        out += [f"Received {row.late_days} day(s) late ({late.describe()}): "
+                f"{row.total:g} / {maxp:g} points count.", ""]
+    out += [
            "Each exercise is scored on hidden cases; the public cases (the ones "
            "`attn-course check` runs) are shown with expected and obtained values.", ""]
     if r.budget_spent:

@@ -87,8 +87,14 @@ def _grade(subs: Path, out: Path, scheduler: str | None, log=None):
     return {r.archive: {k: v for k, v in asdict(r).items() if k not in VOLATILE} for r in g.run(subs)}
 
 
-def test_dask_cluster_grades_as_the_local_pool(batch, cluster, tmp_path):
-    local = _grade(batch, tmp_path / "local", None)
+@pytest.fixture(scope="module")
+def local(batch, secret_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local")
+    return out, _grade(batch, out, None)
+
+
+def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
+    local_out, local = local
     remote = _grade(batch, tmp_path / "dask", cluster.scheduler_address)
     assert set(remote) == set(local) == {p.name for p in batch.iterdir()}
     for name in sorted(local):
@@ -102,11 +108,33 @@ def test_dask_cluster_grades_as_the_local_pool(batch, cluster, tmp_path):
     assert local["corrupt.zip"]["rejected"] and local["folder.zip"]["rejected"]
     assert local["honest_b.zip"]["received"] == os.lstat(batch / "honest_b.zip").st_mtime
     for f in ("gradebook.csv", "report.md"):
-        assert (tmp_path / "dask" / f).read_text() == (tmp_path / "local" / f).read_text(), f
+        assert (tmp_path / "dask" / f).read_text() == (local_out / f).read_text(), f
     # resume: a second run on the cluster grades nothing
     log = []
     _grade(batch, tmp_path / "dask", cluster.scheduler_address, log.append)
     assert "0 to grade" in log[0], log[0]
+
+
+def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_path):
+    """The first time an archive finishes, a worker that is grading another one dies: the batch
+    still finishes, with every result the local pool's (the lost archive ran again elsewhere)."""
+    _, local = local
+    killed = []
+    with distributed.Client(cluster.scheduler_address, set_as_default=False) as client:
+        def log(line):
+            if not killed and line.startswith("["):
+                busy = [w for w, tasks in client.processing().items() if tasks]
+                if busy:
+                    killed.append(busy[0])
+                    try:
+                        client.run(os._exit, 1, workers=busy[:1], on_error="ignore")
+                    except Exception:  # noqa: BLE001 - it dies before answering
+                        pass
+
+        remote = _grade(batch, tmp_path / "dask", cluster.scheduler_address, log)
+        client.wait_for_workers(2, timeout=120)  # the nanny restarts it, for the next test
+    assert killed, "no worker was grading when the first archive finished"
+    assert remote == local
 
 
 def test_workers_with_another_secret_are_refused(batch, cluster, tmp_path, monkeypatch):
