@@ -114,6 +114,12 @@ def cmd_validate(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_similarity(args) -> int:
+    from .similarity import main_similarity
+
+    return main_similarity(args)
+
+
 def cmd_grade(args) -> int:
     from .grade import main_grade
 
@@ -228,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the nbgrader gradebook to write (default with --notebooks: "
                         "sqlite:///GRADING/nbgrader/gradebook.db)")
     g.set_defaults(func=cmd_grade)
+    sm = sub.add_parser("similarity", help="(instructors) similar code across a graded class",
+                        description="After `attn-course grade`: compare what each student wrote (the lines that "
+                                    "differ from the released stub, normalised and winnowed) and list the pairs "
+                                    "above a threshold in GRADING/similarity/report.md and index.html.")
+    sm.add_argument("submissions", help="the folder of *.zip archives that was graded")
+    sm.add_argument("--out", required=True, help="the grading folder of `attn-course grade` (its results/)")
+    sm.add_argument("--threshold", type=float, default=0.6,
+                    help="list pairs whose similarity (share of one's code found in the other's) reaches this "
+                         "(0 to 1, default 0.6)")
+    sm.set_defaults(func=cmd_similarity)
     ro = sub.add_parser("roster", help="(instructors) issue one token per student of a roster",
                         description="Write student_id,token for every student of ROSTER.csv (a CSV with a "
                                     "student_id column). Tokens are an HMAC of the id under ATTN_COURSE_SECRET.")
