@@ -116,7 +116,7 @@ def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
 
 
 def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_path):
-    """The first time an archive finishes, a worker that is grading another one dies: the batch
+    """When an archive finishes, a worker that is grading another one dies: the batch
     still finishes, with every result the local pool's (the lost archive ran again elsewhere)."""
     _, local = local
     killed = []
@@ -133,8 +133,9 @@ def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_p
 
         remote = _grade(batch, tmp_path / "dask", cluster.scheduler_address, log)
         client.wait_for_workers(2, timeout=120)  # the nanny restarts it, for the next test
-    assert killed, "no worker was grading when the first archive finished"
     assert remote == local
+    if not killed:  # never seen busy at a progress line (a machine so fast or slow): nothing was tested
+        pytest.skip("no worker was grading when an archive finished")
 
 
 def test_workers_with_another_secret_are_refused(batch, cluster, tmp_path, monkeypatch):
