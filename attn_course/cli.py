@@ -128,6 +128,12 @@ def cmd_validate(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_similarity(args) -> int:
+    from .similarity import main_similarity
+
+    return main_similarity(args)
+
+
 def cmd_grade(args) -> int:
     from .grade import main_grade
 
@@ -238,6 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--exercises", default="all", help="exercise, chapter or all (default)")
     g.add_argument("--jobs", type=int, default=2, help="parallel workers (default 2)")
     g.add_argument("--regrade", action="store_true", help="grade finished archives again")
+    g.add_argument("--deadline", metavar="ISO_TIME",
+                   help="late policy: the deadline, ISO 8601 with its time zone (2026-12-01T23:59+01:00); an "
+                        "archive's receipt time is its file's modification time")
+    g.add_argument("--grace", type=float, default=0.0, metavar="MINUTES",
+                   help="late policy: minutes after the deadline that still count as on time (default 0)")
+    g.add_argument("--late-penalty", type=float, default=0.0, metavar="PERCENT",
+                   help="late policy: percent of the total taken per started day late (default 0)")
+    g.add_argument("--scheduler", metavar="ADDRESS",
+                   help="grade on this Dask cluster (e.g. tcp://host:8786), one task per archive, instead of "
+                        "--jobs local workers; each Dask worker needs ATTN_COURSE_SECRET in its environment")
     g.add_argument("--no-bwrap", action="store_true", help="do not use bubblewrap (limits only)")
     g.add_argument("--roster", metavar="CSV",
                    help="the class roster (a student_id column): archives of students not on it are rejected")
@@ -258,6 +274,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the nbgrader gradebook to write (default with --notebooks: "
                         "sqlite:///GRADING/nbgrader/gradebook.db)")
     g.set_defaults(func=cmd_grade)
+    sm = sub.add_parser("similarity", help="(instructors) similar code across a graded class",
+                        description="After `attn-course grade`: compare what each student wrote (the lines that "
+                                    "differ from the released stub, normalised and winnowed) and list the pairs "
+                                    "above a threshold in GRADING/similarity/report.md and index.html.")
+    sm.add_argument("submissions", help="the folder of *.zip archives that was graded")
+    sm.add_argument("--out", required=True, help="the grading folder of `attn-course grade` (its results/)")
+    sm.add_argument("--threshold", type=float, default=0.6,
+                    help="list pairs whose similarity (share of one's code found in the other's) reaches this "
+                         "(0 to 1, default 0.6)")
+    sm.set_defaults(func=cmd_similarity)
     ro = sub.add_parser("roster", help="(instructors) issue one token per student of a roster",
                         description="Write student_id,token for every student of ROSTER.csv (a CSV with a "
                                     "student_id column). Tokens are an HMAC of the id under ATTN_COURSE_SECRET.")
@@ -282,10 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     from .regions import RegionError
     from .identity import IdentityError
     from .workspace import WorkspaceError
+    from .late import LatePolicyError
+    from .dask_pool import ClusterError
 
     try:
         return args.func(args)
-    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, IdentityError) as err:
+    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, IdentityError, LatePolicyError,
+            ClusterError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"attn-course: {msg}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """Grade a folder of submission archives (library and notebooks) for a class.
 
-``attn-course grade SUBMISSIONS --out GRADING [--exercises 3] [--jobs 2] [--roster R.csv]``
+``attn-course grade SUBMISSIONS --out GRADING [--exercises 3] [--jobs 2] [--roster R.csv]
+[--scheduler ADDRESS]``
 
 For every ``*.zip`` in SUBMISSIONS (in one batch that always finishes):
 
@@ -33,6 +34,13 @@ for a student is the one received last (the archive file's modification
 time, as the learning platform's download or the instructor's copy set it;
 never the manifest's self-declared time); duplicates, bad tokens and
 unknown students are listed in the report.
+
+Archives are graded by a local pool of ``--jobs`` worker servers, or with
+``--scheduler ADDRESS`` on a Dask cluster, one task per archive
+(:mod:`attn_course.dask_pool`): each task runs :meth:`Grader.grade_one`, the
+same function the local pool runs, on its Dask worker, and only the
+:class:`ArchiveResult` comes back; results, resume and the gradebook are
+written here as before.
 """
 
 from __future__ import annotations
@@ -65,14 +73,21 @@ BACKEND_CHOICES = ("jax", "mlx", "both")
 
 
 class Grader:
-    def __init__(self, out: Path, spec: str = "all", jobs: int = 2, limits: Limits | None = None,
+    def __init__(self, out: Path | None, spec: str = "all", jobs: int = 2, limits: Limits | None = None,
                  use_bwrap: bool | None = None, log=print, ci_secret: bool = False,
-                 roster=None, require_token: bool = True, notebooks: bool = False, backend: str = "jax"):
-        self.out = Path(out)
+                 roster=None, require_token: bool = True, notebooks: bool = False, backend: str = "jax",
+                 scheduler: str | None = None, late=None):
+        """``out`` None: a grader that only grades archives (on a Dask worker), writing nothing."""
         self.secret = secret(allow_ci=ci_secret)  # refuses before anything is written
         self.fingerprint = secret_fingerprint(self.secret)
-        self.out.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.out, 0o700)
+        self.ci_secret = ci_secret
+        self.scheduler = scheduler
+        self.late = late  # attn_course.late.LatePolicy | None: applied to the totals, not to the scores
+        self.out = Path(out) if out is not None else None
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.out, 0o700)
+        self.spec = spec
         self.exercises: list[Exercise] = select(spec)
         self.jobs = max(1, jobs)
         self.limits = limits or GRADING_LIMITS
@@ -165,13 +180,14 @@ class Grader:
                                          "message": c.message, "hidden": c.hidden} for c in r.cases]}
         return scores, feedback, spent
 
-    def grade_one(self, archive: Path, slot: int) -> ArchiveResult:
+    def grade_one(self, archive: Path, slot: int, received: float | None = None) -> ArchiveResult:
+        """Verify, run and score one archive (``received``: its receipt time, if not its file's mtime)."""
         t0 = time.monotonic()
         result = ArchiveResult(archive.name, "", self.fingerprint, [e.id for e in self.exercises],
                                scores={e.id: 0.0 for e in self.exercises})
         try:
             st = os.lstat(archive)
-            result.received = st.st_mtime
+            result.received = st.st_mtime if received is None else received
             if not stat.S_ISREG(st.st_mode):
                 result.rejected = "not a regular file (a link, a folder or a device)"
                 return result
@@ -234,50 +250,38 @@ class Grader:
         archives = sorted(p for p in Path(submissions).iterdir() if p.name.endswith(".zip"))
         todo = [a for a in archives if regrade or not self.done(a)]
         skipped = len(archives) - len(todo)
+        where = f"Dask cluster {terminal(self.scheduler, 200)}" if self.scheduler else f"{self.jobs} workers"
         self.log(f"{len(archives)} archives; {skipped} already graded, {len(todo)} to grade "
-                 f"({len(self.exercises)} exercises, {self.jobs} workers)")
-        if todo:
-            self.prepare()
-        slots = list(range(self.jobs))
+                 f"({len(self.exercises)} exercises, {where})")
         t0 = time.monotonic()
         finished = 0
+        if self.scheduler:
+            from .dask_pool import DaskPool
 
-        def work(archive):
-            with self._lock:
-                slot = slots.pop()
-            try:
-                return self.grade_one(archive, slot)
-            finally:
-                with self._lock:
-                    slots.append(slot)
-
-        pool = ThreadPoolExecutor(self.jobs)
+            pool = DaskPool(self.scheduler, self)
+        else:
+            pool = LocalPool(self)
         try:
-            futures = {pool.submit(work, a): a for a in todo}
-            pending = set(futures)
-            while pending:
-                done_now, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                for fut in done_now:
-                    archive = futures[fut]
-                    res = fut.result()
-                    if self._stop.is_set():
-                        continue
-                    atomic_write(self.result_path(archive), json.dumps(asdict(res), indent=1))
-                    finished += 1
-                    self.log(self.progress_line(finished + skipped, len(archives), res))
+            for archive, res in pool.grade(todo):
+                if self._stop.is_set():
+                    continue
+                atomic_write(self.result_path(archive), json.dumps(asdict(res), indent=1))
+                finished += 1
+                self.log(self.progress_line(finished + skipped, len(archives), res))
         except KeyboardInterrupt:
             self._stop.set()
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.cancel()
             self.close()  # running jobs fail at once; their results are not written
             self.log("interrupted: finished results are kept; run again to resume")
             raise
         finally:
-            pool.shutdown(wait=True)
+            pool.shutdown()
             self.close()
         results = self.load_results(archives)
         from .report import write_outputs
 
-        write_outputs(self.out, results, self.exercises, self.roster, self.notebooks)
+        write_outputs(self.out, results, self.exercises, self.roster, self.notebooks, late=self.late,
+                      assignment=ASSIGNMENT)
         self.log(f"graded {len(todo)} archives in {time.monotonic() - t0:.1f} s; see {self.out}")
         return results
 
@@ -304,6 +308,44 @@ class Grader:
         return out
 
 
+class LocalPool:
+    """``jobs`` worker servers on this machine, one archive each at a time (the default)."""
+
+    def __init__(self, grader: Grader):
+        self.grader = grader
+        self.executor = ThreadPoolExecutor(grader.jobs)
+
+    def grade(self, todo: list[Path]):
+        """Yields ``(archive, result)`` as each archive finishes."""
+        g = self.grader
+        if not todo:
+            return
+        g.prepare()
+        slots = list(range(g.jobs))
+
+        def work(archive):
+            with g._lock:
+                slot = slots.pop()
+            try:
+                return g.grade_one(archive, slot)
+            finally:
+                with g._lock:
+                    slots.append(slot)
+
+        futures = {self.executor.submit(work, a): a for a in todo}
+        pending = set(futures)
+        while pending:
+            done_now, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in done_now:
+                yield futures[fut], fut.result()
+
+    def cancel(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=True)
+
+
 def main_grade(args) -> int:
     if not Path(args.submissions).is_dir():
         raise FileNotFoundError(f"no folder of submissions at {args.submissions}")
@@ -313,10 +355,16 @@ def main_grade(args) -> int:
 
         roster = load_roster(Path(args.roster))
     limits = replace(GRADING_LIMITS, per_archive_s=args.budget)
+    late = None
+    if getattr(args, "deadline", None):
+        from .late import LatePolicy
+
+        late = LatePolicy.parse(args.deadline, args.grace, args.late_penalty)
     g = Grader(Path(args.out), args.exercises, jobs=args.jobs, limits=limits,
                use_bwrap=False if args.no_bwrap else None, ci_secret=args.ci_secret, roster=roster,
-               require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend)
-    if g.use_bwrap is not False:
+               require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend,
+               scheduler=getattr(args, "scheduler", None), late=late)
+    if g.use_bwrap is not False and not g.scheduler:  # on a cluster, each worker decides (and reports)
         from .sandbox import bwrap_works
 
         if not bwrap_works():

@@ -13,18 +13,25 @@ import io
 from collections import Counter
 from pathlib import Path
 
+from .exports import GradeRow, grade_rows, write_exports
+from .late import LatePolicy
 from .registry import Exercise
 from .results import atomic_write, latest_by_student, result_name
 from .text import csv_cell, md_code_block, md_inline
 
 
-def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False) -> None:
+def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False,
+                  late: LatePolicy | None = None, assignment: str = "attn-tensors-library") -> None:
+    """Gradebook (with ``late``: days late and the total after the penalty), exports, feedback, report."""
     best = latest_by_student(results)
     ids = [e.id for e in exercises]
     maxp = float(sum(e.points for e in exercises))
+    rows = {g.student_id: g for g in grade_rows(best, exercises, roster, late)}
     buf = io.StringIO()
     w = csv.writer(buf)
     head = ["student_id", *ids, "total", "max", "archive"]
+    if late:
+        head += ["days_late", "final"]
     if notebooks:
         head += [f"notebook {i}" for i in ids] + ["notebook total"]
     w.writerow(head)
@@ -32,13 +39,16 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
         r = best[sid]
         scores = [r.scores.get(i, 0.0) for i in ids]
         row = [csv_cell(sid), *[f"{s:g}" for s in scores], f"{sum(scores):g}", f"{maxp:g}", csv_cell(r.archive)]
+        if late:
+            row += [str(rows[sid].late_days), f"{rows[sid].total:g}"]
         if notebooks:
             nb = [r.notebook_scores.get(i, 0.0) for i in ids]
             row += [f"{s:g}" for s in nb] + [f"{sum(nb):g}"]
         w.writerow(row)
     atomic_write(out / "gradebook.csv", buf.getvalue())
+    write_exports(out, list(rows.values()), exercises, assignment)
     for sid, r in best.items():
-        atomic_write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises))
+        atomic_write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises, rows[sid] if late else None, late))
     rejected = [r for r in results if r.rejected]
     for r in rejected:
         name = result_name(Path(r.archive)).removesuffix(".json")
@@ -85,10 +95,15 @@ def _section(out: list[str], title: str, scores: dict, feedback: dict, exercises
         out.append("")
 
 
-def feedback_text(r, exercises: list[Exercise]) -> str:
+def feedback_text(r, exercises: list[Exercise], row: GradeRow | None = None,
+                  late: LatePolicy | None = None) -> str:
     maxp = sum(e.points for e in exercises)
     out = [f"# Feedback for {md_inline(r.student_id, 64)}", "", f"Archive: {md_inline(r.archive, 120)}  ",
-           f"Total: {r.total:g} / {maxp:g} points", "",
+           f"Total: {r.total:g} / {maxp:g} points", ""]
+    if row is not None and late is not None and row.late_days:
+        out += [f"Received {row.late_days} day(s) late ({late.describe()}): "
+                f"{row.total:g} / {maxp:g} points count.", ""]
+    out += [
            "Each exercise is scored on hidden cases; the public cases (the ones "
            "`attn-course check` runs) are shown with expected and obtained values.", ""]
     if r.budget_spent:
@@ -106,29 +121,55 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    import textwrap
+
+    from .class_stats import mistake_counts, totals
 
     rejected = [r for r in results if r.rejected]
     n = len(exercises)
     cols = min(n, 5)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 2.4 * rows), squeeze=False)
+    maxp = sum(e.points for e in exercises)
+    tot = totals(best, exercises)
+    fig = plt.figure(figsize=(3.2 * cols, 2.8 * (rows + 1)))
+    grid = fig.add_gridspec(rows + 1, cols)
+    ax = fig.add_subplot(grid[0, :])
+    t = [sum(r.scores.get(e.id, 0.0) for e in exercises) for r in best.values()]
+    ax.hist(t, bins=min(max(maxp, 1), 40) if t else 1, range=(0, maxp) if maxp else None, color="#55a868")
+    ax.set_title(f"Totals ({tot.n} students, out of {maxp:g} points)", fontsize=10)
+    ax.set_xlabel("total points", fontsize=8)
+    ax.set_ylabel("students", fontsize=8)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=7)
     lines = [f"# Class report ({len(best)} students, {len(rejected)} rejected archives)", "",
+             f"Totals out of {maxp:g}: mean {tot.mean:.2f}, median {tot.median:g}, {tot.full} with full marks, "
+             f"{tot.zero} with none.", "",
              "| exercise | points | mean | full marks | zero |", "|---|---|---|---|---|"]
-    for ax, e in zip(axes.flat, exercises):
+    for k, e in enumerate(exercises):
+        ax = fig.add_subplot(grid[1 + k // cols, k % cols])
         s = [r.scores.get(e.id, 0.0) for r in best.values()]
         ax.hist(s, bins=[x - 0.5 for x in range(e.points + 2)] if s else 1, color="#4c72b0", rwidth=0.85)
-        ax.set_title(f"{e.id}: {e.title[:28]}", fontsize=8)
+        ax.set_title("\n".join(textwrap.wrap(f"{e.id}: {e.title}", 34, max_lines=2, placeholder="...")), fontsize=8)
         ax.set_xlabel("score", fontsize=7)
+        ax.set_xticks(range(e.points + 1))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # students are counted in whole numbers
         ax.tick_params(labelsize=7)
         mean = sum(s) / len(s) if s else 0.0
         lines.append(f"| {e.id} | {e.points} | {mean:.2f} | {sum(x == e.points for x in s)} | {sum(x == 0 for x in s)} |")
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     atomic_write(out / "histograms.png", buf.getvalue())
+    mistakes = mistake_counts(best, exercises)
+    if mistakes:
+        lines += ["", "## Catalogued mistakes, most frequent first", "",
+                  "Students whose counted archive reproduces a known mistake (`attn_course/mistakes/`).", "",
+                  "| students | exercise | mistake | what it does |", "|---|---|---|---|"]
+        lines += [f"| {m.students} | {m.exercise} | {md_inline(m.key, 60)} | {md_inline(m.message, 300)} |"
+                  for m in mistakes]
     if rejected:
         lines += ["", "## Rejected archives", ""]
         lines += [f"* {md_inline(r.archive, 120)}: {md_inline(r.rejected, 300)}" for r in rejected]
@@ -148,5 +189,5 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
         missing = [s for s in roster.ids if s not in best]
         if missing:
             lines += ["", "## On the roster, no accepted archive", ""] + [f"* {md_inline(s, 64)}" for s in missing]
-    lines += ["", "![per-exercise scores](histograms.png)", ""]
+    lines += ["", "![totals and per-exercise scores](histograms.png)", ""]
     atomic_write(out / "report.md", "\n".join(lines))

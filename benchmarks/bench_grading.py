@@ -7,7 +7,12 @@ submission in core-seconds (wall x workers / submissions), and the same for
 solutions), which grades one submission at a time.  Targets: the 100 within
 60 s, and at least 5x cheaper per submission than nbgrader autograde.
 
-    python benchmarks/bench_grading.py [--n 100] [--nb 4] [--jobs 2]
+With ``--dask`` it also grades the same class on a ``distributed.LocalCluster``
+of 1 and then 2 worker processes (one thread each) through ``--scheduler``,
+workers warmed first (their expected values computed), and prints the
+throughput and the cost per submission in core-seconds.
+
+    python benchmarks/bench_grading.py [--n 100] [--nb 4] [--jobs 2] [--dask] [--no-nbgrader]
 """
 
 from __future__ import annotations
@@ -70,6 +75,31 @@ def bench_ours(n: int, jobs: int) -> tuple[float, float]:
         return wall, wall * jobs / n
 
 
+def bench_dask(n: int, workers: int, spec: str = "3") -> float:
+    """Wall time of grading n archives on a LocalCluster of ``workers`` processes (workers warmed)."""
+    from distributed import Client, LocalCluster, wait
+
+    from attn_course.dask_pool import TaskConfig, warm_worker
+
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                         silence_logs=40) as cluster, Client(cluster) as client:
+        tmp = Path(tmp)
+        (tmp / "subs").mkdir()
+        make_class(tmp / "subs", n)
+        g = Grader(tmp / "grading", spec, log=lambda *a: None, scheduler=cluster.scheduler_address)
+        cfg = TaskConfig.of(g)
+        wait([client.submit(warm_worker, cfg, workers=[w], pure=False) for w in client.scheduler_info()["workers"]])
+        t = time.perf_counter()
+        results = g.run(tmp / "subs")
+        wall = time.perf_counter() - t
+        full = sum(1 for r in results if r.total == 12)
+        print(f"dask LocalCluster: {n} submissions, {workers} worker(s): wall {wall:.1f} s "
+              f"({n / wall:.2f} submissions/s); {full} with full marks; "
+              f"per submission {wall * workers / n:.2f} core-s")
+        return wall * workers / n
+
+
 def bench_nbgrader(k: int) -> float:
     bin_dir = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ATTN_UNCONFINED_AUTOGRADE="1")  # our own notebooks
@@ -104,8 +134,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--nb", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--dask", action="store_true", help="also grade on a LocalCluster of 1 and 2 workers")
+    ap.add_argument("--no-nbgrader", action="store_true", help="skip nbgrader autograde")
     a = ap.parse_args()
     wall, ours = bench_ours(a.n, a.jobs)
+    if a.dask:
+        for workers in (1, 2):
+            bench_dask(a.n, workers)
+    if a.no_nbgrader:
+        return
     theirs = bench_nbgrader(a.nb)
     print(f"target: {a.n} within 60 s -> {'met' if wall <= 60 else 'NOT met'} ({wall:.1f} s)")
     print(f"ratio nbgrader/attn-course per submission: {theirs / ours:.1f}x (target >= 5x)")

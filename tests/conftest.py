@@ -19,6 +19,14 @@ from hypothesis import HealthCheck, settings
 
 jax.config.update("jax_enable_x64", True)
 
+# One persistent compilation cache for the whole session and the next ones (the
+# suite's time is mostly tracing and compiling): ATTN_TEST_XLA_CACHE, default
+# ~/.cache/attn-course/xla-tests; ATTN_TEST_XLA_CACHE=off turns it off.
+if os.environ.get("ATTN_TEST_XLA_CACHE", "") != "off":
+    from attn_course.xla_cache import cache_dir as _cache_dir, enable_compile_cache as _enable_cache
+
+    _enable_cache(os.environ.get("ATTN_TEST_XLA_CACHE") or _cache_dir().parent / "xla-tests")
+
 from attn_tensors.backend import mlx_available, namespace  # noqa: E402
 
 settings.register_profile(

@@ -1,0 +1,237 @@
+"""Grading on a Dask cluster: one task per archive, confined on its worker as locally.
+
+``attn-course grade SUBMISSIONS --out GRADING --scheduler tcp://HOST:8786``
+
+The grader (this process) lists the archives, skips the finished ones and
+sends each other archive's bytes, with its receipt time (the file's mtime,
+read here), as one task.  The task runs on a Dask worker process, which is
+trusted like this one: it builds, once per process, a
+:class:`~attn_course.grade.Grader` that writes nothing (the class's expected
+values computed there, its worker servers started there), and runs
+:meth:`Grader.grade_one` on the archive: the very function the local pool
+runs (verify, run the worker server in the sandbox, score).  Only the
+:class:`~attn_course.results.ArchiveResult` comes back; results, resume and
+the gradebook are written here, as locally.
+
+The course secret never travels: each Dask worker reads it from its own
+environment (``ATTN_COURSE_SECRET``, set where the workers start: a
+Kubernetes Secret, the batch job's environment) and only its fingerprint is
+compared with the grader's; a worker with another secret or none refuses
+every task, with that reason, before running anything.  The sandbox sees
+neither (:func:`attn_course.sandbox.worker_env`).
+
+A worker lost mid-batch costs only the archives it was grading: the
+scheduler runs their tasks again elsewhere (Dask's ``allowed-failures``), and
+an archive whose task fails for good gets an ``error`` result, graded again
+on the next run, like any grader failure.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import hashlib
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from .archive import Rejected, _archive_bytes
+from .results import ArchiveResult
+from .sandbox import Limits
+
+if TYPE_CHECKING:
+    from .grade import Grader
+
+
+class ClusterError(RuntimeError):
+    """The Dask cluster cannot grade (no worker, or a worker without the grader's secret)."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What a Dask worker needs to grade as this grader does (no secret: its fingerprint)."""
+
+    spec: str
+    limits: Limits
+    use_bwrap: bool | None
+    ci_secret: bool
+    roster: object  # attn_course.identity.Roster | None
+    require_token: bool
+    notebooks: bool
+    fingerprint: str
+    backend: str = "jax"  # "jax", "mlx" or "both", as the grader's --backend
+
+    @classmethod
+    def of(cls, g: "Grader") -> "TaskConfig":
+        return cls(g.spec, g.limits, g.use_bwrap, g.ci_secret, g.roster,
+                   g.require_token, g.notebooks, g.fingerprint, g.backend)
+
+    def key(self) -> str:
+        return hashlib.sha256(pickle.dumps(self)).hexdigest()
+
+
+# -- on the Dask worker ------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_GRADERS: dict[str, "_WorkerGrader"] = {}
+
+
+class _WorkerGrader:
+    """One Grader per worker process and configuration, with a slot per worker thread."""
+
+    def __init__(self, config: TaskConfig):
+        from .grade import Grader
+
+        self.grader = Grader(None, config.spec, jobs=1, limits=config.limits, use_bwrap=config.use_bwrap,
+                             log=lambda *a: None, ci_secret=config.ci_secret, roster=config.roster,
+                             require_token=config.require_token, notebooks=config.notebooks,
+                             backend=config.backend)
+        if self.grader.fingerprint != config.fingerprint:
+            raise ClusterError(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has another course "
+                               "secret than the grader (ATTN_COURSE_SECRET in the workers' environment)")
+        self.grader.prepare()
+        self.free: list[int] = []
+        self.slots = 0
+        self.lock = threading.Lock()
+        atexit.register(self.grader.close)
+
+    def acquire(self) -> int:
+        with self.lock:
+            if self.free:
+                return self.free.pop()
+            self.slots += 1
+            return self.slots - 1
+
+    def release(self, slot: int) -> None:
+        with self.lock:
+            self.free.append(slot)
+
+
+def _worker_grader(config: TaskConfig) -> _WorkerGrader:
+    key = config.key()
+    with _LOCK:
+        if key not in _GRADERS:
+            _GRADERS[key] = _WorkerGrader(config)
+        return _GRADERS[key]
+
+
+def warm_worker(config: TaskConfig) -> str:
+    """Builds this worker's grader now (its expected values), so a timing leaves it out."""
+    _worker_grader(config)
+    return f"{os.uname().nodename}:{os.getpid()}"
+
+
+def worker_fingerprint(ci_secret: bool) -> str:
+    """This worker's secret fingerprint, or why it has none (run on every worker before a batch)."""
+    from .identity import secret_fingerprint
+    from .registry import secret
+
+    try:
+        return secret_fingerprint(secret(allow_ci=ci_secret))
+    except Exception as err:  # noqa: BLE001 - reported to the grader by name
+        return f"no secret: {type(err).__name__}"
+
+
+def grade_task(config: TaskConfig, name: str, data: bytes, received: float) -> ArchiveResult:
+    """One archive, on a Dask worker: :meth:`Grader.grade_one` on a private copy of its bytes."""
+    wg = _worker_grader(config)
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"not an archive name: {name!r}")
+    slot = wg.acquire()
+    try:
+        with tempfile.TemporaryDirectory(prefix="attn-dask-") as tmp:
+            path = Path(tmp) / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return wg.grader.grade_one(path, slot, received=received)
+    finally:
+        wg.release(slot)
+
+
+# -- on the grader -----------------------------------------------------------------------
+
+class DaskPool:
+    """Grades a batch on the Dask cluster at ``address``, a bounded number of tasks in flight."""
+
+    def __init__(self, address: str, grader: "Grader", connect_timeout_s: float = 60.0):
+        from distributed import Client
+
+        self.grader = grader
+        self.config = TaskConfig.of(grader)
+        self.client = Client(address, timeout=connect_timeout_s, set_as_default=False)
+        self.futures: dict = {}
+
+    def check_workers(self) -> int:
+        """The number of worker threads; refuses a cluster whose workers lack the grader's secret."""
+        deadline = time.monotonic() + 120
+        while not self.client.scheduler_info().get("workers"):
+            if time.monotonic() > deadline:
+                raise ClusterError("the Dask cluster has no worker (waited 120 s)")
+            time.sleep(0.5)
+        prints = self.client.run(worker_fingerprint, self.config.ci_secret)
+        wrong = sorted(w for w, fp in prints.items() if fp != self.config.fingerprint)
+        if wrong:
+            raise ClusterError(f"{len(wrong)} of {len(prints)} Dask workers have another course secret or none "
+                               f"(set ATTN_COURSE_SECRET where the workers start), e.g. {wrong[0]}")
+        return sum(w.get("nthreads", 1) for w in self.client.scheduler_info()["workers"].values())
+
+    def grade(self, todo: list[Path]) -> Iterator[tuple[Path, ArchiveResult]]:
+        """Yields ``(archive, result)`` as each archive finishes, on whichever worker."""
+        from distributed import as_completed
+
+        if not todo:
+            return
+        window = max(4, 2 * self.check_workers())  # archives in flight (their bytes live in the scheduler)
+        queue = list(reversed(todo))
+        done = as_completed(loop=self.client.loop)
+
+        def submit_next() -> Iterator[tuple[Path, ArchiveResult]]:
+            while queue:
+                archive = queue.pop()
+                try:
+                    data = _archive_bytes(archive)
+                    received = os.lstat(archive).st_mtime
+                except (Rejected, OSError):
+                    # not a readable regular file of bounded size: rejected here, by the same function
+                    yield archive, self.grader.grade_one(archive, 0)
+                    continue
+                fut = self.client.submit(grade_task, self.config, archive.name, data, received, pure=False,
+                                         key=f"grade-{archive.name[:60]}-{os.urandom(6).hex()}")
+                self.futures[fut] = (archive, data, received)
+                done.add(fut)
+                return
+
+        for _ in range(window):
+            yield from submit_next()
+        for fut in done:
+            archive, data, received = self.futures.pop(fut)
+            yield archive, self._result(fut, archive, data, received)
+            yield from submit_next()
+
+    def _result(self, fut, archive: Path, data: bytes, received: float) -> ArchiveResult:
+        try:
+            res = fut.result()
+            if not isinstance(res, ArchiveResult) or res.archive != archive.name:
+                raise ClusterError("a Dask worker returned a result for another archive")
+            return res
+        except Exception as err:  # noqa: BLE001 - a lost task is one archive's failure, retried next run
+            res = ArchiveResult(archive.name, hashlib.sha256(data).hexdigest(), self.config.fingerprint,
+                                [e.id for e in self.grader.exercises],
+                                received=received, scores={e.id: 0.0 for e in self.grader.exercises})
+            res.error = True
+            why = str(err)[:300] if isinstance(err, ClusterError) else type(err).__name__
+            res.rejected = (f"the grader failed on this archive on the Dask cluster ({why}); "
+                            "it is retried on the next run")
+            return res
+
+    def cancel(self) -> None:
+        self.client.cancel(list(self.futures))
+
+    def shutdown(self) -> None:
+        self.futures.clear()
+        self.client.close()

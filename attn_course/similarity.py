@@ -1,0 +1,239 @@
+"""Similar code across a class's submissions: normalised code, winnowing, pairs above a threshold.
+
+``attn-course similarity SUBMISSIONS --out GRADING [--threshold 0.6]`` (after
+``attn-course grade``) reads, for every student, the archive that counts
+(received last; the results in ``GRADING/results``), verified again on this
+side without running anything (:func:`attn_course.archive.read_submission`).
+
+Only what a student wrote counts: for each library module, the lines that
+differ from the released stub (:data:`attn_course.RELEASE_LIBRARY`: the
+signatures, docstrings and given code are identical for everyone), and the
+stub's own fingerprints are removed as boilerplate.  That code is normalised
+(tokenised; names become ``V``/``F``/``O``, strings ``S``: copydetect's
+``filter_code``), cut into k-grams and winnowed (Schleimer, Wilkerson and
+Aiken 2003; ``copydetect``).  A pair's similarity in a module is, for each of
+the two, the share of its fingerprinted tokens found in the other's; the
+pair is listed when the larger of the two reaches the threshold.  A
+fingerprint that more than ``common`` of the class share (default: 10% of
+the students, at least 10) is common knowledge and ignored, and candidate
+pairs come from an index of fingerprints, so a class of thousands costs about
+the number of pairs that share code, not the square of the class.
+
+Writes ``GRADING/similarity/report.md`` (the pairs, most similar first) and
+``GRADING/similarity/index.html`` (each pair's two codes side by side, the
+shared parts highlighted).  Every text a submission controls (ids, archive
+names, code) is escaped and length-capped.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+from . import RELEASE_LIBRARY
+from .archive import Rejected, library_files, read_submission
+from .results import ArchiveResult, atomic_write, latest_by_student
+from .text import md_inline, plain
+from .workspace import ASSIGNMENT
+
+K = 25  # k-gram length in normalised characters (copydetect's default noise threshold)
+WINDOW = 4  # winnowing window (copydetect's default guarantee threshold is K + WINDOW - 1)
+MAX_CODE = 100_000  # characters of one module's student code considered
+MAX_SHOWN = 200  # pairs in the report
+SHOW_CHARS = 20_000  # characters of code shown per side in the HTML view
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two students whose code in one module is similar."""
+
+    a: str
+    b: str
+    module: str
+    similarity_a: float  # share of a's fingerprinted code found in b's
+    similarity_b: float
+    tokens: int  # normalised characters in common
+    slices_a: tuple[tuple[int, int], ...] = ()  # copied spans in a's code (character offsets)
+    slices_b: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def similarity(self) -> float:
+        return max(self.similarity_a, self.similarity_b)
+
+
+@dataclass
+class SimilarityReport:
+    students: int
+    modules: int
+    threshold: float
+    pairs: list[Pair] = field(default_factory=list)
+    code: dict[tuple[str, str], str] = field(default_factory=dict)  # (student, module) -> their code
+    skipped: list[str] = field(default_factory=list)  # archives that could not be read (why)
+
+
+def student_code(source: str, stub: str) -> str:
+    """The lines of ``source`` that are not the stub's (what the student wrote), in order."""
+    a, b = stub.splitlines(), source.splitlines()
+    out = []
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            out += b[j1:j2]
+    return "\n".join(out)[:MAX_CODE]
+
+
+def _fingerprint(name: str, code: str, boilerplate):
+    import io
+
+    import numpy as np
+    from copydetect import CodeFingerprint
+
+    return CodeFingerprint(name, K, WINDOW, boilerplate=np.array(sorted(boilerplate), dtype=np.int64)
+                           if boilerplate else None, language="python", fp=io.StringIO(code))
+
+
+def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], threshold: float = 0.6,
+                  common: int | None = None) -> SimilarityReport:
+    """Pairs above ``threshold`` among ``codes[student][module]`` (student code, stub lines excluded)."""
+    import logging
+
+    from copydetect.detector import compare_files
+
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # copydetect warns on tiny files
+    n = len(codes)
+    common = common if common is not None else max(10, n // 10)
+    report = SimilarityReport(n, len(stubs), threshold)
+    for module, stub in sorted(stubs.items()):
+        boiler = _fingerprint(module, stub, None).hashes
+        prints = {}
+        for sid in sorted(codes):
+            code = codes[sid].get(module, "")
+            if len(code.strip()) < K:
+                continue
+            fp = _fingerprint(module, code, boiler)
+            if fp.hashes:
+                prints[sid] = fp
+                report.code[(sid, module)] = code
+        index: dict[int, list[str]] = defaultdict(list)
+        for sid, fp in prints.items():
+            for h in fp.hashes:
+                index[h].append(sid)
+        shared: dict[tuple[str, str], int] = defaultdict(int)
+        for h, sids in index.items():
+            if 1 < len(sids) <= common:
+                for a, b in combinations(sids, 2):
+                    shared[(a, b)] += 1
+        for (a, b), k in shared.items():
+            fa, fb = prints[a], prints[b]
+            if k / min(len(fa.hashes), len(fb.hashes)) < threshold / 2:
+                continue  # too few shared fingerprints to reach the threshold
+            tokens, (sa, sb), (la, lb) = compare_files(fa, fb)
+            if max(sa, sb) >= threshold:
+                report.pairs.append(Pair(a, b, module, float(sa), float(sb), int(tokens),
+                                         tuple(zip(map(int, la[0]), map(int, la[1]))),
+                                         tuple(zip(map(int, lb[0]), map(int, lb[1])))))
+    report.pairs.sort(key=lambda p: (-p.similarity, p.module, p.a, p.b))
+    return report
+
+
+def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: Path = RELEASE_LIBRARY
+                ) -> tuple[dict[str, dict[str, str]], dict[str, str], list[str]]:
+    """Each student's code per module (the counted archive, verified again), the stubs, and unreadable archives."""
+    stubs = {n: d.decode("utf-8", "replace") for n, d in library_files(stub_library).items()}
+    codes: dict[str, dict[str, str]] = {}
+    skipped = []
+    for sid, r in sorted(latest_by_student(results).items()):
+        try:
+            sub = read_submission(Path(submissions) / r.archive, ASSIGNMENT)
+        except (Rejected, OSError) as err:
+            skipped.append(f"{r.archive}: {err}")
+            continue
+        if sub.student_id != sid:
+            skipped.append(f"{r.archive}: no longer the archive that was graded")
+            continue
+        codes[sid] = {m: student_code(sub.files[m].decode("utf-8", "replace"), stub)
+                      for m, stub in stubs.items() if m in sub.files}
+    return codes, stubs, skipped
+
+
+def report_markdown(rep: SimilarityReport) -> str:
+    lines = [f"# Similar code ({rep.students} students, {rep.modules} modules, threshold {rep.threshold:.0%})", "",
+             "Only what students wrote is compared (the lines that differ from the released stub); "
+             "names and strings are normalised, so renaming does not hide a copy.  A pair is a lead "
+             "to look at (index.html), not a verdict: short exercises have few ways to be right.", ""]
+    if not rep.pairs:
+        lines.append("No pair reaches the threshold.")
+    else:
+        lines += ["| similarity | student A | student B | module | A in B | B in A | shared |",
+                  "|---|---|---|---|---|---|---|"]
+        for k, p in enumerate(rep.pairs[:MAX_SHOWN]):
+            lines.append(f"| [{p.similarity:.0%}](index.html#pair-{k}) | {md_inline(p.a, 64)} | {md_inline(p.b, 64)} "
+                         f"| {md_inline(p.module, 80)} | {p.similarity_a:.0%} | {p.similarity_b:.0%} | {p.tokens} |")
+        if len(rep.pairs) > MAX_SHOWN:
+            lines += ["", f"... and {len(rep.pairs) - MAX_SHOWN} more pairs above the threshold."]
+    if rep.skipped:
+        lines += ["", "## Archives not compared", ""] + [f"* {md_inline(s, 300)}" for s in rep.skipped[:200]]
+    return "\n".join(lines) + "\n"
+
+
+def _highlighted(code: str, slices: tuple[tuple[int, int], ...]) -> str:
+    code = plain(code, SHOW_CHARS, newlines=True)
+    out, pos = [], 0
+    for start, end in sorted(slices):
+        start, end = max(start, pos), min(end, len(code))
+        if start >= end:
+            continue
+        out += [html.escape(code[pos:start]), "<mark>", html.escape(code[start:end]), "</mark>"]
+        pos = end
+    out.append(html.escape(code[pos:]))
+    return "".join(out)
+
+
+def report_html(rep: SimilarityReport) -> str:
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
+             "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'\">",
+             "<title>Similar code</title><style>body{font-family:sans-serif;margin:1em}"
+             ".pair{display:flex;gap:1em}.pair pre{flex:1;overflow:auto;background:#f6f6f6;padding:.5em;"
+             "font-size:12px;white-space:pre-wrap}mark{background:#ffd54f}</style></head><body>",
+             f"<h1>Similar code: {rep.students} students, threshold {rep.threshold:.0%}</h1>"]
+    if not rep.pairs:
+        parts.append("<p>No pair reaches the threshold.</p>")
+    for k, p in enumerate(rep.pairs[:MAX_SHOWN]):
+        a, b, m = (html.escape(plain(x, 80)) for x in (p.a, p.b, p.module))
+        parts.append(f"<h2 id='pair-{k}'>{p.similarity:.0%}: {a} and {b}, {m}</h2>"
+                     f"<p>{p.similarity_a:.0%} of {a}'s code is in {b}'s; {p.similarity_b:.0%} of {b}'s in {a}'s.</p>"
+                     f"<div class='pair'><pre>{_highlighted(rep.code[(p.a, p.module)], p.slices_a)}</pre>"
+                     f"<pre>{_highlighted(rep.code[(p.b, p.module)], p.slices_b)}</pre></div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_similarity(out: Path, submissions: Path, results: list[ArchiveResult], threshold: float = 0.6,
+                     stub_library: Path = RELEASE_LIBRARY) -> SimilarityReport:
+    codes, stubs, skipped = class_codes(submissions, results, stub_library)
+    rep = compare_class(codes, stubs, threshold)
+    rep.skipped = skipped
+    atomic_write(Path(out) / "similarity" / "report.md", report_markdown(rep))
+    atomic_write(Path(out) / "similarity" / "index.html", report_html(rep))
+    return rep
+
+
+def main_similarity(args) -> int:
+    import sys
+
+    out, subs = Path(args.out), Path(args.submissions)
+    if not subs.is_dir():
+        raise FileNotFoundError(f"no folder of submissions at {subs}")
+    if not (0 < args.threshold <= 1):
+        print(f"attn-course: --threshold must be in (0, 1], got {args.threshold}", file=sys.stderr)
+        return 2
+    results = [r for p in sorted((out / "results").glob("*.json")) if (r := ArchiveResult.load(p)) is not None]
+    if not results:
+        raise FileNotFoundError(f"no grading results in {out / 'results'}: run `attn-course grade` first")
+    rep = write_similarity(out, subs, results, args.threshold)
+    print(f"{len(rep.pairs)} pairs at or above {args.threshold:.0%} among {rep.students} students; "
+          f"see {out / 'similarity' / 'report.md'}")
+    return 0

@@ -1,0 +1,145 @@
+"""Grading on a real Dask cluster gives what the local pool gives.
+
+A ``distributed.LocalCluster`` of two worker processes (one thread each)
+grades a small batch of honest, stubbed, hostile and malformed archives
+with ``Grader(scheduler=...)``; every result (scores, feedback, rejections,
+identity, digest, receipt time) equals the local pool's on the same batch,
+and the gradebook is the same file.  A worker with another course secret is
+refused before anything runs; resume skips what the cluster finished.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from attn_course import RELEASE_LIBRARY, ROOT  # noqa: E402
+from attn_course.archive import build_archive, library_files  # noqa: E402
+from attn_course.dask_pool import ClusterError  # noqa: E402
+from attn_course.grade import Grader  # noqa: E402
+from attn_course.identity import token_for  # noqa: E402
+from attn_course.sandbox import Limits  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SECRET = "dask-secret"
+HOSTILE = {  # code appended to statmech.py (a few of test_redteam's)
+    "wrong_shape": "def log_partition_function(S, mask=None, T=1.0):\n    return S\n",
+    "os_exit": "import os\ndef zero_temperature_limit(S, mask=None):\n    os._exit(0)\n",
+    "segfault": "import ctypes\ndef log_partition_function(S, mask=None, T=1.0):\n    ctypes.string_at(0)\n",
+    "patch_numpy": ("import numpy as _np\n_np.allclose = lambda *a, **k: True\n"
+                    "def entropy(A, mask=None):\n    return A[..., 0] * 0\n"),
+    "read_secret": ("import os\n_honest = heat_capacity\n"
+                    "def heat_capacity(S, mask=None, T=1.0):\n"
+                    "    if 'ATTN_COURSE_SECRET' in os.environ:\n        return _honest(S, mask, T)\n"
+                    "    return S[..., 0] * 0 + 7\n"),
+}
+LIMITS = Limits(per_exercise_s=20, per_archive_s=120, cpu_s=60, memory_mb=3072, processes=64, file_mb=16)
+VOLATILE = ("seconds",)  # how long an archive took is the only thing that may differ
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("dask") / "submitted"
+    subs.mkdir()
+    ref, stub = library_files(ROOT), library_files(RELEASE_LIBRARY)
+    for name in ("honest_a", "honest_b"):
+        build_archive(subs / f"{name}.zip", name, ref, token=token_for(name, SECRET))
+    build_archive(subs / "untouched.zip", "untouched", stub, token=token_for("untouched", SECRET))
+    for name, code in HOSTILE.items():
+        files = dict(ref)
+        files["attn_tensors/statmech.py"] = ref["attn_tensors/statmech.py"] + b"\n\n" + code.encode()
+        sid = name.replace("_", "-")
+        build_archive(subs / f"{name}.zip", sid, files, token=token_for(sid, SECRET))
+    build_archive(subs / "forged.zip", "forged", ref, token=token_for("someone-else", SECRET))
+    (subs / "corrupt.zip").write_bytes(b"PK\x03\x04" + os.urandom(300))
+    (subs / "folder.zip").mkdir()
+    for k, p in enumerate(sorted(subs.iterdir())):
+        os.utime(p, (1_700_000_000 + k, 1_700_000_000 + k), follow_symlinks=False)
+    return subs
+
+
+@pytest.fixture(scope="module")
+def secret_env():
+    old = os.environ.get("ATTN_COURSE_SECRET")
+    os.environ["ATTN_COURSE_SECRET"] = SECRET  # the workers inherit it: they are trusted, as the grader is
+    yield
+    if old is None:
+        del os.environ["ATTN_COURSE_SECRET"]
+    else:
+        os.environ["ATTN_COURSE_SECRET"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster(secret_env):
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as c:
+        yield c
+
+
+def _grade(subs: Path, out: Path, scheduler: str | None, log=None):
+    g = Grader(out, "3", jobs=2, limits=LIMITS, log=log or (lambda *a: None), scheduler=scheduler)
+    return {r.archive: {k: v for k, v in asdict(r).items() if k not in VOLATILE} for r in g.run(subs)}
+
+
+@pytest.fixture(scope="module")
+def local(batch, secret_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local")
+    return out, _grade(batch, out, None)
+
+
+def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
+    local_out, local = local
+    remote = _grade(batch, tmp_path / "dask", cluster.scheduler_address)
+    assert set(remote) == set(local) == {p.name for p in batch.iterdir()}
+    for name in sorted(local):
+        assert remote[name] == local[name], name
+    # the batch is what the red team expects of it (so the equality above is not of two empty things)
+    assert sum(local["honest_a.zip"]["scores"].values()) == 12
+    assert sum(local["untouched.zip"]["scores"].values()) == 0
+    assert local["wrong_shape.zip"]["scores"]["3.1"] == 0 and local["wrong_shape.zip"]["scores"]["3.2"] == 3
+    assert local["read_secret.zip"]["scores"]["3.4"] == 0  # the sandbox never sees the secret
+    assert "identity" in local["forged.zip"]["rejected"]
+    assert local["corrupt.zip"]["rejected"] and local["folder.zip"]["rejected"]
+    assert local["honest_b.zip"]["received"] == os.lstat(batch / "honest_b.zip").st_mtime
+    for f in ("gradebook.csv", "report.md"):
+        assert (tmp_path / "dask" / f).read_text() == (local_out / f).read_text(), f
+    # resume: a second run on the cluster grades nothing
+    log = []
+    _grade(batch, tmp_path / "dask", cluster.scheduler_address, log.append)
+    assert "0 to grade" in log[0], log[0]
+
+
+def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_path):
+    """When an archive finishes, a worker that is grading another one dies: the batch
+    still finishes, with every result the local pool's (the lost archive ran again elsewhere)."""
+    _, local = local
+    killed = []
+    with distributed.Client(cluster.scheduler_address, set_as_default=False) as client:
+        def log(line):
+            if not killed and line.startswith("["):
+                busy = [w for w, tasks in client.processing().items() if tasks]
+                if busy:
+                    killed.append(busy[0])
+                    try:
+                        client.run(os._exit, 1, workers=busy[:1], on_error="ignore")
+                    except Exception:  # noqa: BLE001 - it dies before answering
+                        pass
+
+        remote = _grade(batch, tmp_path / "dask", cluster.scheduler_address, log)
+        client.wait_for_workers(2, timeout=120)  # the nanny restarts it, for the next test
+    assert remote == local
+    if not killed:  # never seen busy at a progress line (a machine so fast or slow): nothing was tested
+        pytest.skip("no worker was grading when an archive finished")
+
+
+def test_workers_with_another_secret_are_refused(batch, cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_SECRET", "not-the-workers-secret")
+    with pytest.raises(ClusterError, match="another course secret"):
+        _grade(batch, tmp_path / "other", cluster.scheduler_address)
+    assert not list((tmp_path / "other").glob("results/*.json"))

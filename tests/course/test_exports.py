@@ -1,0 +1,106 @@
+"""Late policy at its boundaries; Canvas and Moodle exports; the gradebook with a policy.
+
+No sandbox runs here: results are made directly, as the grader stores them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timezone
+
+import pytest
+
+from attn_course.exports import canvas_csv, grade_rows, moodle_csv
+from attn_course.identity import Roster
+from attn_course.late import DAY_S, LatePolicy, LatePolicyError
+from attn_course.registry import select
+from attn_course.report import write_outputs
+from attn_course.results import ArchiveResult
+
+EX = select("3")
+D = datetime(2026, 12, 1, 23, 59, tzinfo=timezone.utc).timestamp()
+
+
+def _result(sid: str, received: float, scores: dict[str, float], archive: str | None = None) -> ArchiveResult:
+    return ArchiveResult(archive or f"{sid}.zip", "0" * 64, "fp", [e.id for e in EX], received=received,
+                         student_id=sid, identity="ok", scores=scores)
+
+
+def _full() -> dict[str, float]:
+    return {e.id: float(e.points) for e in EX}
+
+
+@pytest.mark.parametrize("offset, days", [
+    (-DAY_S, 0), (0.0, 0), (600.0, 0),            # before, at the deadline, at the end of the grace
+    (600.001, 1), (600 + DAY_S, 1),               # a moment late is a day late; a full day is still one
+    (600 + DAY_S + 1, 2), (600 + 9 * DAY_S, 9),
+])
+def test_days_late_at_the_boundaries(offset, days):
+    policy = LatePolicy(D, grace_s=600, penalty_per_day=0.25)
+    got = policy.lateness(D + offset)
+    assert got.days == days
+    assert got.factor == pytest.approx(max(0.0, 1 - 0.25 * days))
+
+
+def test_penalty_is_capped_and_never_negative():
+    policy = LatePolicy(D, penalty_per_day=0.3, max_penalty=0.5)
+    assert policy.lateness(D + 1).apply(12) == pytest.approx(12 * 0.7)
+    assert policy.lateness(D + 5 * DAY_S).apply(12) == pytest.approx(6.0)
+    assert LatePolicy(D, penalty_per_day=0.3).lateness(D + 10 * DAY_S).factor == 0.0
+
+
+def test_parse_needs_a_time_zone_and_sane_numbers():
+    p = LatePolicy.parse("2026-12-01T23:59:00Z", grace_minutes=10, penalty_percent_per_day=10)
+    assert (p.deadline, p.grace_s, p.penalty_per_day) == (D, 600.0, 0.1)
+    assert LatePolicy.parse("2026-12-02T00:59:00+01:00").deadline == D
+    with pytest.raises(LatePolicyError, match="time zone"):
+        LatePolicy.parse("2026-12-01T23:59:00")
+    with pytest.raises(LatePolicyError, match="ISO 8601"):
+        LatePolicy.parse("next tuesday")
+    with pytest.raises(LatePolicyError, match="penalty_per_day"):
+        LatePolicy(D, penalty_per_day=-0.1)
+    with pytest.raises(LatePolicyError, match="at most 1"):
+        LatePolicy.parse("2026-12-01T23:59:00Z", penalty_percent_per_day=150)
+
+
+def _rows(text: str) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(text)))
+
+
+def test_canvas_and_moodle_exports_carry_the_late_total_and_neutralise_formulas():
+    best = {"alice": _result("alice", D - 60, _full()),
+            "bob": _result("bob", D + 2 * DAY_S - 5, dict(_full(), **{"3.1": 0.0}))}
+    roster = Roster(("alice", "bob"), ("=HYPERLINK(\"http://x\")", "Bob\x1b[2J Builder"))
+    late = LatePolicy(D, penalty_per_day=0.1)
+    rows = grade_rows(best, EX, roster, late)
+    maxp = sum(e.points for e in EX)
+    assert [(r.student_id, r.late_days, r.raw_total) for r in rows] == [("alice", 0, maxp), ("bob", 2, maxp - 3)]
+    assert rows[1].total == pytest.approx((maxp - 3) * 0.8)
+
+    canvas = _rows(canvas_csv(rows, EX, "attn"))
+    assert canvas[0][:6] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "attn"]
+    assert canvas[1][0].strip() == "Points Possible" and float(canvas[1][5]) == maxp
+    alice, bob = canvas[2], canvas[3]
+    assert alice[0].startswith("'=") and alice[2] == "alice"  # a name is text, never a formula
+    assert "\x1b" not in bob[0]
+    assert float(bob[5]) == pytest.approx((maxp - 3) * 0.8) and float(bob[6]) == 0.0
+
+    moodle = _rows(moodle_csv(rows, EX, "attn"))
+    assert moodle[0][:4] == ["ID number", "Full name", "attn", "Days late"]
+    assert moodle[2][0] == "bob" and moodle[2][3] == "2" and float(moodle[2][2]) == pytest.approx((maxp - 3) * 0.8)
+
+
+def test_gradebook_with_a_late_policy(tmp_path):
+    results = [_result("alice", D - 60, _full()), _result("carol", D + 3600, _full()),
+               _result("=cmd", D, _full(), archive="=cmd.zip")]
+    results[2].student_id = "cmd"
+    write_outputs(tmp_path, results, EX, late=LatePolicy(D, penalty_per_day=0.5), assignment="attn")
+    book = {r["student_id"]: r for r in csv.DictReader(open(tmp_path / "gradebook.csv"))}
+    maxp = sum(e.points for e in EX)
+    assert book["alice"]["days_late"] == "0" and float(book["alice"]["final"]) == maxp
+    assert book["carol"]["days_late"] == "1" and float(book["carol"]["final"]) == maxp / 2
+    assert book["cmd"]["archive"].startswith("'=")
+    assert "1 day(s) late" in (tmp_path / "feedback" / "carol.md").read_text()
+    assert "late" not in (tmp_path / "feedback" / "alice.md").read_text()
+    assert (tmp_path / "exports" / "canvas.csv").exists() and (tmp_path / "exports" / "moodle.csv").exists()

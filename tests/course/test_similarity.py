@@ -1,0 +1,102 @@
+"""The similarity report: a renamed copy is found, independent work and the stub are not, output escaped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from attn_course import RELEASE_LIBRARY
+from attn_course.archive import build_archive, library_files
+from attn_course.results import ArchiveResult
+from attn_course.similarity import student_code, write_similarity
+
+STUB = library_files(RELEASE_LIBRARY)
+MODULE = "attn_tensors/statmech.py"
+RAISE = "    raise NotImplementedError('Exercise 3.1:"
+
+ORIGINAL = """    # </pre><script>alert('x')</script>
+    if mask is not None:
+        S = xp.where(mask, S, -xp.inf)
+    peak = xp.max(S / T, axis=-1, keepdims=True)
+    total = xp.sum(xp.exp(S / T - peak), axis=-1)
+    shifted = xp.log(total)
+    return shifted + peak[..., 0]
+"""
+RENAMED = """    # my own work
+    if mask is not None:
+        S = xp.where(mask, S, -xp.inf)
+    biggest = xp.max(S / T, axis=-1, keepdims=True)
+    acc = xp.sum(xp.exp(S / T - biggest), axis=-1)
+    res = xp.log(acc)
+    return res + biggest[..., 0]
+"""
+OTHER = """    import numpy as np
+    values = np.asarray(S, dtype=float) / float(T)
+    if mask is not None:
+        values = np.where(np.asarray(mask), values, -np.inf)
+    out = []
+    for row in values.reshape(-1, values.shape[-1]):
+        top = row.max()
+        out.append(top + np.log(np.exp(row - top).sum()))
+    return xp.asarray(np.array(out).reshape(values.shape[:-1]))
+"""
+
+
+def _with_31(body: str) -> dict[str, bytes]:
+    files = dict(STUB)
+    lines = files[MODULE].decode().splitlines(keepends=True)
+    (k,) = [i for i, line in enumerate(lines) if line.startswith(RAISE)]
+    lines[k] = body
+    files[MODULE] = "".join(lines).encode()
+    return files
+
+
+def _class(tmp_path):
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    who = {"ada": ORIGINAL, "bea": RENAMED, "cy": OTHER, "dee": None}
+    results = []
+    for sid, body in who.items():
+        build_archive(subs / f"{sid}.zip", sid, _with_31(body) if body else STUB)
+        results.append(ArchiveResult(f"{sid}.zip", "", "fp", ["3.1"], received=1.0, student_id=sid, identity="ok"))
+    return subs, results
+
+
+def test_student_code_is_what_differs_from_the_stub():
+    code = student_code(_with_31(ORIGINAL)[MODULE].decode(), STUB[MODULE].decode())
+    assert code.strip() == ORIGINAL.strip()
+    assert student_code(STUB[MODULE].decode(), STUB[MODULE].decode()) == ""
+
+
+def test_renamed_copy_is_found_and_independent_work_is_not(tmp_path):
+    subs, results = _class(tmp_path)
+    out = tmp_path / "grading"
+    rep = write_similarity(out, subs, results, threshold=0.6)
+    pairs = {(p.a, p.b, p.module) for p in rep.pairs}
+    assert pairs == {("ada", "bea", MODULE)}, rep.pairs
+    (p,) = rep.pairs
+    assert p.similarity >= 0.6 and p.slices_a and p.slices_b
+    md = (out / "similarity" / "report.md").read_text()
+    assert "| ada | bea |" in md.replace("\\", "")
+    page = (out / "similarity" / "index.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<mark>" in page
+    # everyone's identical stub never makes a pair: a class of untouched stubs has none
+    rep = write_similarity(tmp_path / "g2", subs, [r for r in results if r.student_id == "dee"])
+    assert rep.pairs == []
+
+
+def test_cli(tmp_path):
+    subs, results = _class(tmp_path)
+    out = tmp_path / "grading"
+    import json
+    from dataclasses import asdict
+
+    from attn_course.results import atomic_write, result_name
+    from pathlib import Path
+
+    for r in results:
+        atomic_write(out / "results" / result_name(Path(r.archive)), json.dumps(asdict(r)))
+    r = subprocess.run([sys.executable, "-m", "attn_course.cli", "similarity", str(subs), "--out", str(out),
+                        "--threshold", "0.5"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "1 pairs at or above 50% among 4 students" in r.stdout, r.stdout
