@@ -39,7 +39,9 @@ STUDENT_COMMANDS = ("cli", "workspace", "check", "worker")
 """The modules a student's commands start from (the worker runs their code)."""
 
 NEVER_SHIPPED = ("attn_course.mistakes", "attn_course.grade", "attn_course.release",
-                 "attn_course.validate", "attn_course.nbgrader_bridge", "attn_course.student_dist")
+                 "attn_course.validate", "attn_course.nbgrader_bridge", "attn_course.student_dist",
+                 "attn_course.dask_pool", "attn_course.similarity", "attn_course.late", "attn_course.exports",
+                 "attn_course.class_stats")
 """Trusted-side modules: the catalogue of wrong implementations, grading, the release builder."""
 
 REQUIRES = ("jax>=0.4.30", "numpy>=1.26", "pytest>=8", "jupyterlab>=4", "nbgrader==0.9.6")
