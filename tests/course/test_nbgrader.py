@@ -157,7 +157,10 @@ def notebook_class(tmp_path_factory):
     elsewhere.mkdir()
     env = dict(ENV, ATTN_COURSE_SECRET=SECRET)
     r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
-                        "--exercises", "3", "--notebooks", "--budget", "60", "--jobs", "2"],
+                        # a budget far above the work (an infinite loop's 30 s limit plus the rest), so
+                        # that no verdict here depends on the machine's load; the budget itself is
+                        # tested in test_redteam_confinement
+                        "--exercises", "3", "--notebooks", "--budget", "240", "--jobs", "2"],
                        env=env, cwd=elsewhere, capture_output=True, text=True, timeout=1800)
     return r, out
 
