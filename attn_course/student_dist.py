@@ -30,10 +30,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import EXERCISES, ROOT
+from . import EXERCISES, PACKAGED_RELEASE, ROOT
 
 DIST = "attn_course_student"
-PACKAGED_RELEASE = "release_data"  # attn_course/release_data: the release, as package data
 
 STUDENT_COMMANDS = ("cli", "workspace", "check", "worker")
 """The modules a student's commands start from (the worker runs their code)."""
@@ -177,7 +176,7 @@ def build(out: Path) -> StudentDist:
         entries[str(path.relative_to(ROOT))] = path.read_bytes()
     release = _release_files()
     for p in release:
-        entries[f"attn_course/{PACKAGED_RELEASE}/{p.relative_to(EXERCISES)}"] = p.read_bytes()
+        entries[f"attn_course/{PACKAGED_RELEASE.name}/{p.relative_to(EXERCISES)}"] = p.read_bytes()
     info = f"{DIST}-{version}.dist-info"
     entries[f"{info}/METADATA"] = (
         "Metadata-Version: 2.1\n"
