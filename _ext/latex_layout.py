@@ -24,6 +24,13 @@ gives a PDF which differs from the HTML in four ways this extension undoes:
    chapter; that chapter is dropped (the bibliography keeps its own unnumbered
    heading and its entry in the table of contents).
 
+It also leaves two invisible marks per figure and table, so that the reader
+tests can check the page layout from ``book.aux`` (``\\booklayoutmark``,
+defined in the preamble, typesets nothing and writes the absolute page it
+lands on, the page number ``pdftotext -f`` takes): ``prose-before-figure-K`` where the prose puts figure K and
+``figure-at-K`` inside it (the page the figure landed on), and
+``table-before-K`` and ``table-after-K`` around table K (its pages).
+
 Everything here acts on the LaTeX builder only; the HTML is unchanged.
 """
 
@@ -92,6 +99,27 @@ def depart_admonition(self, node):
         type(self).depart_admonition(self, node)
 
 
+def _mark(self, kind: str) -> int:
+    """The next number of ``kind`` in this document (figures and tables, in order)."""
+    marks = self.__dict__.setdefault("_layout_marks", {})
+    marks[kind] = marks.get(kind, 0) + 1
+    return marks[kind]
+
+
+def visit_figure(self, node):
+    k = _mark(self, "figure")
+    self.body.append("\n\\booklayoutmark{prose-before-figure-%d}%%\n" % k)
+    LaTeXTranslator.visit_figure(self, node)
+    self.body.append("\\booklayoutmark{figure-at-%d}%%\n" % k)
+
+
+def depart_table(self, node):
+    k = _mark(self, "table")
+    self.body.append("\n\\booklayoutmark{table-before-%d}%%\n" % k)
+    LaTeXTranslator.depart_table(self, node)
+    self.body.append("\\booklayoutmark{table-after-%d}%%\n" % k)
+
+
 class AppendicesAndBibliography(SphinxPostTransform):
     """``\\appendix`` before the appendices' part; no empty bibliography chapter.
 
@@ -128,5 +156,7 @@ def setup(app):
     # after sphinx-jupyterbook-latex's builder-inited handler (priority 500)
     app.connect("builder-inited", _same_numbers_as_html, priority=900)
     app.add_node(nodes.admonition, override=True, latex=(visit_admonition, depart_admonition))
+    app.add_node(nodes.figure, override=True, latex=(visit_figure, LaTeXTranslator.depart_figure))
+    app.add_node(nodes.table, override=True, latex=(LaTeXTranslator.visit_table, depart_table))
     app.add_post_transform(AppendicesAndBibliography)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -361,6 +361,87 @@ def test_pdf_appendices_are_lettered_and_no_chapter_is_empty(pdf_book):
         assert words > 40, f"chapter {number or ''} {title!r} is (nearly) empty: {words} words"
 
 
+def _layout_marks(latex: pathlib.Path) -> dict[str, tuple[int, float]]:
+    """(absolute page, height in bp from the bottom) of each invisible mark that
+    ``_ext/latex_layout.py`` leaves around figures and tables."""
+    aux = (latex / "book.aux").read_text(errors="replace")
+    return {name: (int(page), int(y) / 65536 * 72 / 72.27) for name, y, page in re.findall(
+        r"\\newlabel\{((?:prose-before-figure|figure-at|table-before|table-after)-\d+)\}\{\{(-?\d+)\}\{(\d+)\}", aux)}
+
+
+def _lines_between(pdf: pathlib.Path, start: tuple[int, float], end: tuple[int, float]) -> str:
+    """The PDF's text lines from the mark ``start`` down to the mark ``end`` (``pdftotext -bbox-layout``)."""
+    xml = subprocess.run(["pdftotext", "-bbox-layout", "-f", str(start[0]), "-l", str(end[0]), str(pdf), "-"],
+                         capture_output=True, text=True, check=True).stdout
+    out = []
+    for number, page in enumerate(re.findall(r"<page [^>]*>.*?</page>", xml, re.S), start=start[0]):
+        height = float(re.search(r'height="([\d.]+)"', page).group(1))
+        top = height - start[1] if number == start[0] else 0.0  # from the top of the page, in bp
+        bottom = height - end[1] if number == end[0] else height
+        for line in re.findall(r"<line [^>]*>.*?</line>", page, re.S):
+            y0, y1 = (float(v) for v in re.search(r'<line [^>]*yMin="([\d.]+)"[^>]*yMax="([\d.]+)"', line).groups())
+            if top < (y0 + y1) / 2 < bottom:
+                out.append(" ".join(re.findall(r"<word [^>]*>(.*?)</word>", line)))
+    return "\n".join(out)
+
+
+@pytest.mark.book
+def test_pdf_has_no_index_of_proof_labels(pdf_book, html_book):
+    """sphinx-proof's domain index lists internal label names: not a page for readers."""
+    _, _, text = pdf_book
+    assert "Proof Index" not in text
+    linking = [p for p, html in _html_pages().items() if "prf-prf.html" in html]
+    assert not linking, f"pages link to the proof index: {linking}"
+
+
+@pytest.mark.book
+def test_pdf_figures_sit_by_their_prose(pdf_book):
+    """Each figure is on the page of the prose before it, or the next one (never floated further)."""
+    latex, _, _ = pdf_book
+    marks = _layout_marks(latex)
+    figures = sorted(int(k.rsplit("-", 1)[1]) for k in marks if k.startswith("figure-at-"))
+    captioned = len(re.findall(r"\\@writefile\{lof\}\{\\contentsline \{figure\}", (latex / "book.aux").read_text(errors="replace")))
+    assert figures and len(figures) >= captioned, f"{len(figures)} figure marks for {captioned} captioned figures"
+    far = [f"figure {k}: prose on page {marks[f'prose-before-figure-{k}'][0]}, figure on page {marks[f'figure-at-{k}'][0]}"
+           for k in figures
+           if not 0 <= marks[f"figure-at-{k}"][0] - marks[f"prose-before-figure-{k}"][0] <= 1]
+    assert not far, f"{len(far)} of {len(figures)} figures are away from their prose: {far[:5]}"
+
+
+def _cell_words(latex_table: str) -> set[str]:
+    """The words (5 letters or more) a LaTeX table's cells hold, markup and mathematics removed."""
+    text = re.sub(r"\\\(.*?\\\)", " ", latex_table, flags=re.S)
+    text = re.sub(r"\\[A-Za-z@]+\*?", " ", text)
+    return {w.lower() for w in re.findall(r"[A-Za-z]{5,}", text)}
+
+
+@pytest.mark.book
+def test_pdf_table_cells_do_not_hyphenate(pdf_book):
+    """No word of a table cell is broken across lines with a hyphen on the table's pages."""
+    latex, pdf, _ = pdf_book
+    marks = _layout_marks(latex)
+    tex = (latex / "book.tex").read_text(errors="replace")
+    tables = sorted(int(k.rsplit("-", 1)[1]) for k in marks if k.startswith("table-after-"))
+    assert len(tables) == tex.count("\\booklayoutmark{table-after-") and tables, "table marks missing from book.aux"
+    broken, checked = [], 0
+    for k in tables:
+        source = tex.split(f"\\booklayoutmark{{table-before-{k}}}", 1)[1].split(f"\\booklayoutmark{{table-after-{k}}}", 1)[0]
+        words = _cell_words(source)
+        checked += len(words)
+        first, last = marks[f"table-before-{k}"], marks[f"table-after-{k}"]
+        lines = _lines_between(pdf, first, last)
+        assert len(lines.split()) >= len(words) / 2, f"table {k}: too little text found between its marks"
+        # a cell's line ends in "head-" and a later line (that cell's next) starts with the rest
+        rows = lines.splitlines()
+        starts = [m.group(1) for m in (re.match(r"([a-z]+)", r) for r in rows) if m]
+        for head in re.findall(r"([A-Za-z]+)-(?:\s|$)", lines):
+            tails = [t for t in starts if (head + t).lower() in words]
+            if tails:
+                broken.append(f"table {k} (page {first[0]}): {head}-/{tails[0]}")
+    assert checked > 50, f"only {checked} table words found: is the table source read right?"
+    assert not broken, f"{len(broken)} words hyphenated inside table cells: {broken[:8]}"
+
+
 # -- the code a reader sees -----------------------------------------------------
 
 # Statements that only set the page up: imports, glue for the prose, plot and
