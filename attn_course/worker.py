@@ -89,8 +89,11 @@ def mismatch_message(backend: str, exercise: str = "") -> str:
 # Words of the errors that JAX and MLX raise when handed the other's arrays
 # (``mx.einsum`` on JAX arrays: "std::bad_cast"; ``mx.sum``: nanobind's
 # "incompatible function arguments ... Invoked with types: jaxlib...";
-# ``jnp.exp`` on an MLX array: "... as an abstract array ... mlx.core.array").
-_MLX_WORDS = ("mlx.core", "incompatible function arguments", "array initialization", "'array'")
+# ``jnp.exp`` on an MLX array: "... as an abstract array ... mlx.core.array"; ``mx.grad`` of a
+# function that returns ``jnp.asarray(...)``: "[grad] The return value ... jaxlib...ArrayImpl was
+# returned").
+_MLX_WORDS = ("mlx.core", "incompatible function arguments", "array initialization", "'array'",
+              "[grad]", "[vjp]", "[jvp]", "[value_and_grad]")
 _JAX_WORDS = ("jax", "Tracer", "abstract array", "requires ndarray or scalar arguments")
 
 

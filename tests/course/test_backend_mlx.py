@@ -133,6 +133,52 @@ def test_compare_uses_the_backends_tolerance(off, jax_ok, mlx_ok):
         assert (msg == "") == ok, (backend, msg)
 
 
+
+# -- diagnoses on MLX ---------------------------------------------------------------
+
+
+def test_a_diagnosis_is_judged_at_the_backends_tolerance():
+    """An answer off by MLX's own rounding is right on MLX: no "times too large" for it there."""
+    from attn_course.diagnose import diagnose
+    from attn_course.scoring import judged_on
+
+    ex = EX["3.1"]
+    case = ex.make_cases(False)[0]
+    e = {"log_Z": np.array([1.0, -2.0, 3.0])}
+    g = {"log_Z": e["log_Z"] * (1 + 5e-6)}  # within MLX's float64 tolerance, far outside JAX's
+    on_jax = diagnose(judged_on(ex, "jax", e), case, g, e, wrong={}, entries=[])
+    assert on_jax is not None and on_jax.key == "factor", on_jax
+    assert judged_on(ex, "mlx", e).rtol == tolerance(ex, "mlx", np.float64)[0]
+    assert diagnose(judged_on(ex, "mlx", e), case, g, e, wrong={}, entries=[]) is None
+
+
+@pytest.mark.slow
+def test_check_on_mlx_names_a_catalogued_mistake(tmp_path):
+    """3.1 written with mlx.core, temperature left out: `check --backend mlx` names that mistake
+    (from the catalogue's words shipped with the public cases), not a generic symptom."""
+    from attn_course.check import load_cases
+    from attn_course.runner import package_files, run_and_grade
+    from attn_course.sandbox import Limits, Plain
+    from attn_course.server import WorkerServer
+
+    ex = EX["3.1"]
+    public = load_cases(ROOT / "exercises" / "library" / "cases", [ex])[ex.id]
+    entry = next(m for m in public.mistakes if m.key == "temperature-ignored")
+    assert "s = S / T" in BODY_MLX
+    package = _package_with(tmp_path, "3.1", BODY_MLX.replace("s = S / T", "s = S"))
+    limits = Limits(per_exercise_s=120, per_archive_s=600)
+    server = WorkerServer(Plain(limits))
+    try:
+        graded = run_and_grade(server, package_files(package), [(ex, public.cases, public.expected)],
+                               False, set(), limits, diagnose=public.diagnose(), backend="mlx")[ex.id]
+    finally:
+        server.close()
+    hot = [c for c, case in zip(graded, public.cases) if case.inputs.get("T", 1.0) not in (1.0,) and not c.passed]
+    assert hot, [c.message for c in graded]
+    for c in hot:
+        assert entry.message in c.message, c.message
+
+
 # -- backend mix-ups ----------------------------------------------------------------
 
 
@@ -159,6 +205,25 @@ def test_mixed_framework_is_a_clear_error(backend, body, words):
         assert r["status"] == "raised" and r["type"] == "BackendMismatch", (case.name, r)
         assert all(w in r["message"] for w in words), r["message"]
         assert "bad_cast" not in r["message"] and "Traceback" not in r["message"]
+
+
+@pytest.mark.parametrize("ending", ["jnp.asarray(log_Z[..., 0])", "jnp.asarray(np.array(log_Z[..., 0]))"])
+def test_mlx_result_turned_into_jax_is_a_mismatch(ending):
+    """Written with mlx.core but returning a JAX array, checked on MLX: mx.grad refuses the JAX
+    result ("[grad] ... jaxlib ... was returned"); the student reads the mismatch and its fix."""
+    ex = EX["3.1"]
+    body = BODY_MLX.replace("    return log_Z[..., 0]\n",
+                            f"    import jax.numpy as jnp\n    import numpy as np\n    return {ending}\n")
+    assert body != BODY_MLX
+    valued = 0
+    for case in ex.make_cases(False):
+        if case.inputs["T"] <= 0:
+            continue  # its input check raises first
+        r = evaluate(lambda **kw: _log_z(**kw, body=body), ex.probe, case.inputs, "mlx", ex.id)
+        assert r["status"] == "raised" and r["type"] == "BackendMismatch", (case.name, r)
+        assert "jax.numpy on MLX arrays" in r["message"] and "namespace" in r["message"], r["message"]
+        valued += 1
+    assert valued >= 3
 
 
 def test_bad_cast_is_reported_as_a_mismatch():
