@@ -54,7 +54,8 @@ COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and not
 # What a worker imports of the course: nothing of the trusted side (the
 # mistakes catalogue is the reference with one switch turned; the grader,
 # its reports and identity code have no business there).
-WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py")
+WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py",
+                  "warm.py")
 _STAGED: dict[str, str] = {}
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from . import values
+from . import values, warm
 from .regions import exercise_of_stub
 
 MAX_MESSAGE = 400
@@ -615,6 +615,7 @@ def serve(scratch: str) -> int:
     in_pid_namespace = os.getpid() <= 3
     shm = "/dev/shm" if in_pid_namespace and os.path.isdir("/dev/shm") else None
     keep = _snapshot(scratch)  # the mount points' parents, if a bind lives under it
+    warmed: set = set()  # shapes whose jax.numpy traces the children inherit (attn_course.warm)
 
     def send(msg: dict) -> None:
         control_out.write(json.dumps(msg) + "\n")
@@ -681,6 +682,10 @@ def serve(scratch: str) -> int:
         send({"done": os.waitstatus_to_exitcode(status), "tail": tail, "clean": clean})
         if not clean:
             return 3  # something of the job would outlive it: a new sandbox for the next one
+        if job.get("backend", "jax") == "jax":  # the next child starts with these shapes traced
+            warm.warm(warm.case_avals(job), warmed)
+            if warm.backend_started():
+                return 3  # XLA's threads would not survive the next fork: a new sandbox
     return 0
 
 

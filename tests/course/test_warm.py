@@ -1,0 +1,45 @@
+"""The worker server's warm-up: shapes only, no backend started, the same results."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from attn_course import values
+from attn_course.warm import case_avals
+
+
+def _job(*inputs):
+    return {"exercises": [{"id": "3.1", "cases": [{"name": f"c{k}", "inputs": values.encode(x)}
+                                                  for k, x in enumerate(inputs)]}]}
+
+
+def test_case_avals_are_the_float_arrays_shapes_only():
+    job = _job({"S": np.zeros((3, 5)), "mask": np.ones((3, 5), bool), "T": 0.5},
+               {"S": np.zeros((2, 4, 4), np.float32), "n": np.arange(3), "x": None})
+    assert case_avals(job) == {((3, 5), "float64"), ((2, 4, 4), "float32")}
+    # nothing of the values, and nothing absurd (a huge or empty shape is not traced)
+    assert case_avals(_job({"S": np.zeros((0, 3))})) == set()
+    bogus = {"exercises": [{"cases": [{"inputs": {"S": {"__array__": "float64", "shape": [10 ** 9]}}}]}]}
+    assert case_avals(bogus) == set()
+    assert case_avals({"exercises": "not a list"}) == set()
+
+
+def test_warming_traces_without_starting_a_backend():
+    """A server forks after warming: an XLA backend started there would hang every child."""
+    code = (
+        "import jax; jax.config.update('jax_enable_x64', True)\n"
+        "from attn_course.warm import warm, backend_started\n"
+        "done = set()\n"
+        "assert not backend_started()\n"
+        "n = warm({((3, 5), 'float64'), ((2, 4, 4), 'float32'), ((7,), 'float64')}, done)\n"
+        "assert n == 3, n\n"
+        "assert warm({((3, 5), 'float64')}, done) == 0  # each shape once\n"
+        "assert not backend_started(), 'the warm-up started an XLA backend'\n"
+        "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()\n"
+        "assert backend_started()  # and the check can see one\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-3000:]
