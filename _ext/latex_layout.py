@@ -25,11 +25,12 @@ gives a PDF which differs from the HTML in four ways this extension undoes:
    heading and its entry in the table of contents).
 
 It also leaves two invisible marks per figure and table, so that the reader
-tests can check the page layout from ``book.aux`` (``\\booklayoutmark``,
-defined in the preamble, typesets nothing and writes the absolute page it
-lands on, the page number ``pdftotext -f`` takes): ``prose-before-figure-K`` where the prose puts figure K and
-``figure-at-K`` inside it (the page the figure landed on), and
-``table-before-K`` and ``table-after-K`` around table K (its pages).
+tests can check the page layout from ``book.aux``.  ``\\booklayoutmark``
+(defined in the preamble) typesets nothing and records the absolute page it
+lands on (the page number ``pdftotext -f`` takes) and its height there:
+``prose-before-figure-K`` where the prose puts figure K, ``figure-at-K``
+inside it (where the figure landed), and ``table-before-K`` and
+``table-after-K`` around table K.
 
 Everything here acts on the LaTeX builder only; the HTML is unchanged.
 """

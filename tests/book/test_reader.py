@@ -386,7 +386,7 @@ def _lines_between(pdf: pathlib.Path, start: tuple[int, float], end: tuple[int, 
 
 
 @pytest.mark.book
-def test_pdf_has_no_index_of_proof_labels(pdf_book, html_book):
+def test_pdf_has_no_index_of_proof_labels(pdf_book):
     """sphinx-proof's domain index lists internal label names: not a page for readers."""
     _, _, text = pdf_book
     assert "Proof Index" not in text

@@ -199,10 +199,10 @@ def _notebook_round(ws: Path, public) -> None:
         if cell.get("id") in answers:
             assert "raise NotImplementedError()" in cell.source, cell.id
             cell.source = answers[cell.id]
-    wrong, right = ROUND_1[0][1], ROUND_1[0][2]  # 3.1 without its temperature
+    right, wrong = ROUND_1[0][1], ROUND_1[0][2]  # 3.1 without its temperature
     first = next(c for c in nb.cells if c.get("id") == "ex-3-1-answer")
-    assert wrong in first.source
-    first.source = first.source.replace(wrong, right)
+    assert right in first.source
+    first.source = first.source.replace(right, wrong)
     nbformat.write(nb, path)  # what the student saves
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -224,6 +224,6 @@ def _notebook_round(ws: Path, public) -> None:
 
     fixed = nbformat.read(path, as_version=4)
     cell = next(c for c in fixed.cells if c.get("id") == "ex-3-1-answer")
-    cell.source = cell.source.replace(right, wrong)
+    cell.source = cell.source.replace(wrong, right)
     nbformat.write(fixed, path)
     assert not any(run().values())
