@@ -80,3 +80,21 @@ def test_hidden_cases_are_not_released():
 def test_committed_release_matches_the_source():
     problems = check_release()
     assert not problems, "\n".join(problems) + "\nrun `attn-course release` and commit"
+
+
+def test_release_comparison_allows_rounding_only():
+    """Another CPU's last bits pass (an eigenvalue of 1e-9 from entries of order one moves by
+    1e-16 between LAPACK builds); a changed value does not."""
+    import numpy as np
+
+    from attn_course import values
+    from attn_course.release import _close
+
+    def enc(x):
+        return values.encode(np.asarray(x, dtype=np.float64))
+
+    assert _close(enc([1e-9, 3.0]), enc([1e-9 + 1.1e-16, 3.0 * (1 + 1e-13)]))
+    assert _close(enc([-1.3e-16]), enc([-2.7e-17]))
+    assert not _close(enc([1e-9, 3.0]), enc([1e-9, 3.0 * (1 + 1e-9)]))
+    assert not _close(enc([1e-9]), enc([2e-9 + 1e-12]))
+    assert not _close(enc([1.0]), enc([np.nan]))
