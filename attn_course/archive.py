@@ -29,6 +29,7 @@ import struct
 import zipfile
 import zlib
 from dataclasses import dataclass, field
+from typing import Mapping
 from pathlib import Path, PurePosixPath
 
 from .identity import MAX_TOKEN_INPUT, valid_student_id
@@ -340,26 +341,13 @@ def _read_submission(path: Path, assignment: str) -> Submission:
     return sub
 
 
-def unpack(sub: Submission, stub_library: Path, dest: Path) -> Path:
-    """The package to grade: the stub release, overlaid with the submitted modules."""
-    import shutil
-
-    dest = Path(dest)
-    shutil.copytree(stub_library / "attn_tensors", dest / "attn_tensors",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for name, data in sub.files.items():
-        if not name.startswith("attn_tensors/"):
-            continue
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink():
-            target.unlink()
-        target.write_bytes(data)
-    for root, dirs, files in os.walk(dest):
-        os.chmod(root, 0o755)
-        for f in files:
-            os.chmod(os.path.join(root, f), 0o644)
-    return dest / "attn_tensors"
+def overlay(sub: Submission, release: Mapping[str, str]) -> dict[str, str]:
+    """The package to grade, as ``{path: text}``: the stub release's modules (``release``, as
+    :func:`attn_course.runner.package_files` reads them) overlaid with the submitted ones."""
+    files = dict(release)
+    files.update((name, data.decode("utf-8", errors="replace"))
+                 for name, data in sub.files.items() if name.startswith("attn_tensors/"))
+    return files
 
 
 def build_archive(path: Path, student_id: str, files: dict[str, bytes], assignment: str = ASSIGNMENT,

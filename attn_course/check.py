@@ -133,7 +133,7 @@ def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None 
     public = load_cases(workspace / ".course" / "cases", exercises)
     limits = limits or sandbox.GRADING_LIMITS
     files = package_files(workspace)
-    stubbed = stubbed_exercises(workspace)
+    stubbed = stubbed_exercises(files)
     by_id = {e.id: e for e in exercises}
     graded: dict[str, list[CaseResult]] = {}
     broken: dict[str, str] = {}

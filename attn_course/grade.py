@@ -49,7 +49,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
@@ -57,7 +56,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import RELEASE_LIBRARY
-from .archive import Rejected, read_submission, sha256_file, unpack
+from .archive import Rejected, overlay, read_submission, sha256_file
 from .identity import secret_fingerprint
 from .registry import Exercise, secret, select
 from .runner import package_files, reference_results, run_and_grade
@@ -105,15 +104,23 @@ class Grader:
         self._servers: dict[int, WorkerServer] = {}
         self._stop = threading.Event()
         self.cache = None
+        self.release = package_files(RELEASE_LIBRARY)  # the stub release, read once: archives overlay it
 
     # -- expected values, computed once, here ---------------------------------------
     def prepare(self) -> None:
+        """Once per class: the expected values, and the catalogue's outputs that diagnoses compare with.
+
+        Idempotent: a second call (each pool calls it) computes nothing again."""
+        from .diagnose import precompute
         from .xla_cache import worker_cache_dir
 
         for e in self.exercises:
+            if e.id in self._expected:
+                continue
             public, hidden = e.make_cases(False), e.make_cases(True, self.secret)
             self._expected[e.id] = (public, reference_results(e, public, worker_cache=True),
                                     hidden, reference_results(e, hidden, worker_cache=True))
+            precompute(e, hidden + public)
         self.cache = worker_cache_dir()
 
     def _server(self, slot: int) -> WorkerServer:
@@ -203,10 +210,8 @@ class Grader:
                 result.rejected = f"identity: {result.identity}"
                 return result
             deadline = t0 + self.limits.per_archive_s
-            with tempfile.TemporaryDirectory(prefix="attn-sub-") as tmp:
-                package = unpack(sub, RELEASE_LIBRARY, Path(tmp)).parent
-                files = package_files(package)
-                stubbed = stubbed_exercises(package)
+            files = overlay(sub, self.release)
+            stubbed = stubbed_exercises(files)
             result.backend = self.backend
             result.scores, result.feedback, result.budget_spent = self._run(
                 slot, self.exercises, files, stubbed, deadline, backend=self.backends[0])

@@ -34,12 +34,13 @@ def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax
     items = [(e, data[e.id][0] + data[e.id][2]) for e in exercises]
     limits = Limits(per_exercise_s=300, per_archive_s=7200)
     server = WorkerServer(Plain(limits))
+    files = package_files(package)
     try:
-        raw = run_worker(server, package_files(package), items, limits, backend=backend)
+        raw = run_worker(server, files, items, limits, backend=backend)
     finally:
         server.close()
     results = {}
-    stubbed = stubbed_exercises(package)
+    stubbed = stubbed_exercises(files)
     for e in exercises:
         public, exp_p, hidden, exp_h = data[e.id]
         got = raw.get(e.id, [])

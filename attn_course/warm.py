@@ -96,6 +96,23 @@ def warm(avals: Iterable[Aval], done: set[Aval]) -> int:
     return n
 
 
+def prime_lowering() -> None:
+    """Import the MLIR modules that JAX loads at its first lowering, once, in the server.
+
+    Lowering (which every job does for each program) needs no backend; only
+    the imports are done here, so every child skips them.  Never raises.
+    """
+    try:
+        import jaxlib.mlir.dialects.builtin  # noqa: F401
+        import jaxlib.mlir.dialects.mhlo  # noqa: F401
+        import jaxlib.mlir.extras.meta  # noqa: F401
+        from jax._src.interpreters import mlir
+
+        mlir.make_ir_context()
+    except Exception:  # noqa: BLE001 - an optimisation only (another JAX layout)
+        pass
+
+
 def backend_started() -> bool:
     """True once an XLA backend exists in this process (a server must then not fork again)."""
     try:

@@ -61,6 +61,29 @@ def grad(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
     return g
 
 
+def value_and_grad_aux(f: Callable) -> Callable:
+    """``x -> (aux, df/dx)`` for ``f(x) = (loss, aux)``: the value and the gradient from one trace.
+
+    ``jax.value_and_grad(f, has_aux=True)`` or MLX's ``value_and_grad`` (which
+    differentiates the first of the outputs), by the argument's backend.
+    Tracing the function once for both, instead of once for the value and
+    once more for the gradient, is most of a worker's time saved per case.
+    """
+
+    def g(x: Any) -> Any:
+        if _is_mlx(x):
+            import mlx.core as mx
+
+            (_, aux), dx = mx.value_and_grad(f)(x)
+            return aux, dx
+        import jax
+
+        (_, aux), dx = jax.value_and_grad(f, has_aux=True)(x)
+        return aux, dx
+
+    return g
+
+
 def itemsize(x: Any) -> int:
     """Bytes per element of an array of either backend (or NumPy)."""
     if _is_mlx(x):
@@ -131,10 +154,10 @@ def with_grad(arg: str, loss: Callable[[Any], Any] = finite_sum, name: str = "va
 
     def probe(fn, **inputs):
         def f(x):
-            return fn(**{**inputs, arg: x})
+            value = fn(**{**inputs, arg: x})
+            return loss(value), value
 
-        value = f(inputs[arg])
-        dx = grad(lambda x: loss(f(x)))(inputs[arg])
+        value, dx = value_and_grad_aux(f)(inputs[arg])
         return {name: value, f"d/d{arg}": dx}
 
     return probe
