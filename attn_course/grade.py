@@ -45,6 +45,7 @@ written here as before.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import stat
@@ -59,9 +60,9 @@ from . import RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
 from .identity import secret_fingerprint
 from .registry import Exercise, secret, select
-from .runner import package_files, reference_results, run_and_grade
+from .runner import package_files, reference_results, run_and_grade, run_worker
 from .sandbox import GRADING_LIMITS, Limits, confinement
-from .scoring import ExerciseResult, stubbed_exercises
+from .scoring import ExerciseResult, Status, stubbed_exercises
 from .server import WorkerServer
 from .results import ArchiveResult, atomic_write, latest_by_student, result_name
 from .text import terminal
@@ -105,6 +106,7 @@ class Grader:
         self._stop = threading.Event()
         self.cache = None
         self.release = package_files(RELEASE_LIBRARY)  # the stub release, read once: archives overlay it
+        self._untouched: tuple[dict, dict, bool] | None = None  # the release's own verdict (see _library)
 
     # -- expected values, computed once, here ---------------------------------------
     def prepare(self) -> None:
@@ -122,6 +124,38 @@ class Grader:
                                     hidden, reference_results(e, hidden, worker_cache=True))
             precompute(e, hidden + public)
         self.cache = worker_cache_dir()
+
+    def start_workers(self) -> None:
+        """Start each slot's worker server and warm it on the class's case shapes (after :meth:`prepare`).
+
+        A server traces JAX's own operations on the shapes of the cases it has
+        served, so that each later job's child starts warm
+        (:mod:`attn_course.warm`); here every server first serves the stub
+        release (trusted code, which raises at once) on every case of the
+        class, so that no archive pays for starting or warming a server.
+        Idempotent; a server that fails to start is started again by the
+        first archive that needs it.  The servers are launched from this
+        thread (a sandbox dies with the thread that launched it), then made
+        ready and warmed side by side.
+        """
+        items = [(e, self._expected[e.id][2] + self._expected[e.id][0]) for e in self.exercises]
+
+        def start(server: WorkerServer) -> None:
+            try:
+                server.wait_ready()
+                for backend in self.backends:
+                    run_worker(server, self.release, items, self.limits, backend=backend)
+            except Exception:  # noqa: BLE001 - a warm-up only
+                pass
+
+        idle = [s for s in map(self._server, range(self.jobs)) if s.proc is None]
+        for server in idle:
+            server.launch()
+        threads = [threading.Thread(target=start, args=(s,), daemon=True) for s in idle]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def _server(self, slot: int) -> WorkerServer:
         if slot not in self._servers:
@@ -187,6 +221,37 @@ class Grader:
                                          "message": c.message, "hidden": c.hidden} for c in r.cases]}
         return scores, feedback, spent
 
+    def _library(self, slot: int, files: dict[str, str], deadline: float) -> tuple[dict, dict, bool]:
+        """Scores, feedback and budget verdict of a package's library, on every backend of the grader.
+
+        A package that is the stub release itself (an archive that changes
+        none of its modules: a student who submits only notebooks, or
+        nothing yet) is run once per class; its verdict is the same for all.
+        """
+        untouched = files == self.release
+        if untouched and self._untouched is not None:
+            return copy.deepcopy(self._untouched)
+        stubbed = stubbed_exercises(files)
+        scores, feedback, spent = self._run(slot, self.exercises, files, stubbed, deadline,
+                                            backend=self.backends[0])
+        for other in self.backends[1:]:  # for information: its own budget, never the score
+            s, fb, other_spent = self._run(slot, self.exercises, files, stubbed,
+                                           time.monotonic() + self.limits.per_archive_s, backend=other)
+            for ex_id, verdict in fb.items():
+                feedback[ex_id].setdefault("other", {})[other] = {
+                    "status": verdict["status"], "score": s[ex_id],
+                    "cases": [c for c in verdict["cases"] if not c["passed"]]}
+            spent |= other_spent
+        if untouched and not spent and all(self._reproducible(fb) for fb in feedback.values()):
+            self._untouched = copy.deepcopy((scores, feedback, spent))
+        return scores, feedback, spent
+
+    @staticmethod
+    def _reproducible(feedback: dict) -> bool:
+        """No case of this verdict depends on the machine's state (a time limit, a crash)."""
+        machine = {Status.TIMEOUT.value, Status.BUDGET.value, Status.CRASHED.value}
+        return all(c["status"] not in machine for c in feedback["cases"])
+
     def grade_one(self, archive: Path, slot: int, received: float | None = None) -> ArchiveResult:
         """Verify, run and score one archive (``received``: its receipt time, if not its file's mtime)."""
         t0 = time.monotonic()
@@ -211,18 +276,8 @@ class Grader:
                 return result
             deadline = t0 + self.limits.per_archive_s
             files = overlay(sub, self.release)
-            stubbed = stubbed_exercises(files)
             result.backend = self.backend
-            result.scores, result.feedback, result.budget_spent = self._run(
-                slot, self.exercises, files, stubbed, deadline, backend=self.backends[0])
-            for other in self.backends[1:]:  # for information: its own budget, never the score
-                s, fb, spent = self._run(slot, self.exercises, files, stubbed,
-                                         time.monotonic() + self.limits.per_archive_s, backend=other)
-                for ex_id, verdict in fb.items():
-                    result.feedback[ex_id].setdefault("other", {})[other] = {
-                        "status": verdict["status"], "score": s[ex_id],
-                        "cases": [c for c in verdict["cases"] if not c["passed"]]}
-                result.budget_spent |= spent
+            result.scores, result.feedback, result.budget_spent = self._library(slot, files, deadline)
             if self.notebooks:
                 from .nbgrader_bridge import notebook_jobs
 
@@ -326,6 +381,7 @@ class LocalPool:
         if not todo:
             return
         g.prepare()
+        g.start_workers()
         slots = list(range(g.jobs))
 
         def work(archive):

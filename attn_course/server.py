@@ -64,6 +64,16 @@ class WorkerServer:
 
     # -- life ---------------------------------------------------------------------
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the server's process, without waiting for it to be ready (:meth:`wait_ready`).
+
+        The sandbox dies with the thread that launched it (bubblewrap's
+        ``--die-with-parent`` is a parent-death signal, which the kernel sends
+        when that *thread* ends): launch from a thread that outlives the jobs.
+        """
         argv, env = self.sandbox.server_command()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True,
@@ -71,6 +81,9 @@ class WorkerServer:
         self.starts += 1
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf = b""
+
+    def wait_ready(self) -> None:
+        """Wait until the launched server has imported what it needs; kills it if it does not start."""
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             msg = self._message()

@@ -96,20 +96,24 @@ def warm(avals: Iterable[Aval], done: set[Aval]) -> int:
     return n
 
 
-def prime_lowering() -> None:
-    """Import the MLIR modules that JAX loads at its first lowering, once, in the server.
+def prime() -> None:
+    """Once, in the server: the start-up work every child would otherwise repeat.
 
-    Lowering (which every job does for each program) needs no backend; only
-    the imports are done here, so every child skips them.  Never raises.
+    JAX's search for PJRT plugins (it reads every installed package's entry
+    points: about 25 ms when a backend first starts) and the MLIR modules it
+    imports at its first lowering.  Neither starts a backend, so forking
+    stays safe.  Never raises: an optimisation only (another JAX layout).
     """
     try:
         import jaxlib.mlir.dialects.builtin  # noqa: F401
         import jaxlib.mlir.dialects.mhlo  # noqa: F401
         import jaxlib.mlir.extras.meta  # noqa: F401
+        from jax._src import xla_bridge
         from jax._src.interpreters import mlir
 
         mlir.make_ir_context()
-    except Exception:  # noqa: BLE001 - an optimisation only (another JAX layout)
+        xla_bridge._discover_and_register_pjrt_plugins()
+    except Exception:  # noqa: BLE001
         pass
 
 

@@ -607,7 +607,7 @@ def serve(scratch: str) -> int:
     from .registry import all_exercises
 
     all_exercises()
-    warm.prime_lowering()
+    warm.prime()
     libc = ctypes.CDLL(None, use_errno=True)
     PR_SET_DUMPABLE = 4
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -659,9 +659,9 @@ def serve(scratch: str) -> int:
                 code = 1
             os._exit(code)
         os.close(w)
-        buf, status = b"", None
+        buf, status, eof = b"", None, False
         while True:
-            ready, _, _ = select.select([r], [], [], 0.05)
+            ready, _, _ = select.select([r], [], [], 0.05) if not eof else ([], [], [])
             if ready:
                 chunk = os.read(r, 1 << 20)
                 buf += chunk
@@ -673,11 +673,15 @@ def serve(scratch: str) -> int:
                     buf = b""
                 if chunk:
                     continue
+                eof = True  # every writer closed its end: no more to read
             if status is not None:
                 break  # the child is gone; what it wrote before is read (a leftover is killed below)
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
+            if eof:  # the child is ending: wait for it rather than spin (one that runs on is the grader's to stop)
+                status = os.waitpid(pid, 0)[1]
+            else:
+                done, st = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = st
         clean = _kill_others(in_pid_namespace, pid)
         os.close(r)
         tail = _last_line(work / "output.log")

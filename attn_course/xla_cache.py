@@ -31,9 +31,12 @@ def enable_compile_cache(path: Path | str | None = None) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-# The XLA flags of every worker (one thread each).  They are part of JAX's
-# cache key, so the trusted side uses them too when it fills the workers' cache.
-WORKER_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# The XLA flags of every worker (one thread each; no LLVM optimisation: a case's
+# arrays are tiny, and a program that misses the cache -- any code but the
+# reference's -- compiles about a third faster).  They are part of JAX's cache
+# key, so the trusted side uses them too when it fills the workers' cache.
+WORKER_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 "
+                    "--xla_backend_optimization_level=0")
 
 
 def worker_cache_dir() -> Path:

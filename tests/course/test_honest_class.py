@@ -125,3 +125,26 @@ def test_ctrl_c_stops_within_seconds_and_keeps_finished_results(tmp_path):
     assert "interrupted" in rest
     done = list((out / "results").glob("a-honest-*.json"))
     assert done and not list((out / "results").glob("hang*.json"))
+
+
+def test_an_untouched_release_is_run_once_per_class(tmp_path, monkeypatch):
+    """Archives that change none of the release's modules share one run; any change is run."""
+    from attn_course.grade import Grader
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    stub = library_files(RELEASE_LIBRARY)
+    for who in ("ann", "bo"):
+        build_archive(subs / f"{who}.zip", who, stub)
+    touched = {**stub, "attn_tensors/statmech.py": stub["attn_tensors/statmech.py"] + b"\n# my notes\n"}
+    build_archive(subs / "cy.zip", "cy", touched)
+    g = Grader(tmp_path / "grading", "3.5", jobs=1, log=lambda *a: None, ci_secret=True, require_token=False)
+    runs = []
+    real = Grader._run
+    monkeypatch.setattr(Grader, "_run", lambda self, *a, **k: runs.append(a[2]) or real(self, *a, **k))
+    results = {r.student_id: r for r in g.run(subs)}
+    assert len(runs) == 2, "the second untouched archive ran again"
+    assert sorted(files == g.release for files in runs) == [False, True]
+    assert results["ann"].scores == results["bo"].scores == results["cy"].scores == {"3.5": 0.0}
+    assert results["ann"].feedback == results["bo"].feedback == results["cy"].feedback
+    assert results["ann"].feedback["3.5"]["status"] == "not_implemented"

@@ -31,9 +31,11 @@ def test_warming_traces_without_starting_a_backend():
     """A server forks after warming: an XLA backend started there would hang every child."""
     code = (
         "import jax; jax.config.update('jax_enable_x64', True)\n"
-        "from attn_course.warm import warm, backend_started\n"
+        "from attn_course.warm import backend_started, prime, warm\n"
         "done = set()\n"
         "assert not backend_started()\n"
+        "prime()\n"
+        "assert not backend_started(), 'priming started an XLA backend'\n"
         "n = warm({((3, 5), 'float64'), ((2, 4, 4), 'float32'), ((7,), 'float64')}, done)\n"
         "assert n == 3, n\n"
         "assert warm({((3, 5), 'float64')}, done) == 0  # each shape once\n"
@@ -43,3 +45,20 @@ def test_warming_traces_without_starting_a_backend():
         "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-3000:]
+
+
+def test_workers_start_once_before_the_first_archive(tmp_path):
+    """Grader.start_workers starts (and warms) every slot's server once; a second call starts none."""
+    from attn_course.grade import Grader
+
+    g = Grader(tmp_path / "grading", "3.5", jobs=2, log=lambda *a: None, ci_secret=True)
+    try:
+        g.prepare()
+        g.start_workers()
+        servers = [g._server(slot) for slot in range(2)]
+        assert all(s.proc is not None and s.proc.poll() is None for s in servers)
+        assert [s.starts for s in servers] == [1, 1]
+        g.start_workers()
+        assert [s.starts for s in servers] == [1, 1]
+    finally:
+        g.close()

@@ -1,0 +1,60 @@
+"""CPU time of this process and everything it starts, measured by the kernel (a cgroup).
+
+A benchmark on a shared machine reads wall time that other work inflates;
+the CPU time its own processes used does not depend on what else runs.
+:class:`CpuMeter` puts the benchmark's process in a cgroup v1 ``cpuacct``
+group of its own, which every process it starts inherits (worker servers
+inside bubblewrap included: the sandbox's pids cgroup is another hierarchy),
+and reads the group's total between two points.  Where no such group can be
+made (no cgroup v1 ``cpuacct``, not root), :meth:`CpuMeter.seconds` is None
+and the benchmark falls back on wall time x workers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+
+class CpuMeter:
+    def __init__(self, name: str = "attn-bench"):
+        self.group: Path | None = None
+        self._home: str | None = None
+        try:
+            home = next(line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
+                        if "cpuacct" in line.split(":", 2)[1].split(","))
+            group = ROOT / f"{name}-{os.getpid()}"
+            group.mkdir(exist_ok=True)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+            self.group, self._home = group, home
+        except (OSError, StopIteration, IndexError):
+            self.group = None
+
+    def _usage(self) -> float | None:
+        if self.group is None:
+            return None
+        try:
+            return int((self.group / "cpuacct.usage").read_text()) / 1e9
+        except OSError:
+            return None
+
+    def start(self) -> None:
+        self._t0 = self._usage()
+
+    def seconds(self) -> float | None:
+        """CPU seconds since :meth:`start` (all processes of the group), or None."""
+        now = self._usage()
+        return None if now is None or self._t0 is None else now - self._t0
+
+    def close(self) -> None:
+        """Back to the original group; the empty group is removed."""
+        if self.group is None:
+            return
+        try:
+            (ROOT / self._home.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
+            self.group.rmdir()
+        except OSError:
+            pass
+        self.group = None
