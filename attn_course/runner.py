@@ -100,16 +100,18 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
     raw = _Reported(on_result)
     remaining = list(items)
+    alone = False  # after a crash: one exercise per job, so that a crash names its exercise for certain
     while remaining:
-        todo = {ex.id: len(cases) for ex, cases in remaining}
+        batch = remaining[:1] if alone else remaining
+        todo = {ex.id: len(cases) for ex, cases in batch}
         if deadline is not None and time.monotonic() >= deadline:
-            for ex_id in todo:
-                raw[ex_id] = [Outcome.failure("budget", "not run: the archive's time budget was spent")]
+            for ex, _ in remaining:
+                raw[ex.id] = [Outcome.failure("budget", "not run: the archive's time budget was spent")]
             break
         job = {"files": files, "cpu_s": limits.cpu_s,
                "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs),
                                                       **({"eager": True} if c.eager else {})}
-                                                     for c in cases]} for ex, cases in remaining]}
+                                                     for c in cases]} for ex, cases in batch]}
         if notebook is not None:
             job["notebook"] = notebook
         if backend != "jax":
@@ -161,15 +163,24 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
         if not left:
             break
-        ids = [ex.id for ex, _ in left]
-        culprit = current if current in ids else ids[0]
+        unfinished = [ex.id for ex, _ in batch if ex.id not in raw]
+        if not unfinished:  # (one exercise alone, which reported: on to the next)
+            remaining = left
+            continue
         if verdict is None:
             why = describe_exit(done.status if done else None)
             verdict = Outcome.failure("crashed", why + (f"; last output: {done.tail[:200]}" if done and done.tail else ""))
         if verdict.status == "budget":
-            for ex_id in ids:
-                raw[ex_id] = [verdict]
+            for ex, _ in left:
+                raw[ex.id] = [verdict]
             break
+        if verdict.status == "crashed" and len(unfinished) > 1:
+            # The job or its server died: the last lines it wrote may have died with it (an exercise
+            # that finished can look unfinished, or not even started), so which one did it is not
+            # certain.  Each runs again alone; a crash then names its exercise.
+            alone, remaining = True, left
+            continue
+        culprit = current if current in unfinished else unfinished[0]
         raw[culprit] = [verdict]
         remaining = [(ex, cases) for ex, cases in left if ex.id != culprit]
     return dict(raw)

@@ -18,15 +18,21 @@ def enable_compile_cache(path: Path | str | None = None) -> None:
     A check or a grading run makes many small calls whose compilation
     dominates the time; the cache makes a second run several times faster.
     Workers see the folder read-only: they use what the trusted side compiled.
+    JAX opens its cache folder once per process: a call with another folder
+    makes it open the new one (the grader switches between its own cache
+    and the workers').
     """
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
     path = Path(path or cache_dir())
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass
-    jax.config.update("jax_compilation_cache_dir", str(path))
+    if jax.config.jax_compilation_cache_dir != str(path):
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        compilation_cache.reset_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

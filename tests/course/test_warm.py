@@ -62,3 +62,20 @@ def test_workers_start_once_before_the_first_archive(tmp_path):
         assert [s.starts for s in servers] == [1, 1]
     finally:
         g.close()
+
+
+def test_the_grader_switches_compilation_caches(tmp_path):
+    """JAX opens its cache folder once per process; enable_compile_cache makes a switch take effect."""
+    code = (
+        "import sys, jax, jax.numpy as jnp\n"
+        "from attn_course.xla_cache import enable_compile_cache\n"
+        "a, b = sys.argv[1], sys.argv[2]\n"
+        "enable_compile_cache(a)\n"
+        "jax.jit(lambda x: x * 3.0 + 1.0)(jnp.ones(3)).block_until_ready()\n"
+        "enable_compile_cache(b)\n"
+        "jax.jit(lambda x: jnp.sin(x) * 5.0)(jnp.ones(4)).block_until_ready()\n"
+        "print('ok')\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    assert list(a.iterdir()) and list(b.iterdir()), "the second program was not cached in the second folder"

@@ -1,0 +1,72 @@
+"""run_worker's bookkeeping when a job dies: who is blamed, who runs again (a scripted server)."""
+
+from __future__ import annotations
+
+import json
+
+from attn_course import values
+from attn_course.registry import all_exercises
+from attn_course.runner import run_worker
+from attn_course.sandbox import Limits
+from attn_course.server import Done, Line, ServerError
+
+ZERO = {"status": "ok", "value": {"value": values.encode(__import__("numpy").zeros(2))}}
+
+
+class Scripted:
+    """A worker server that plays one script per job: ('start', id), ('result', id), 'die' or 'done'."""
+
+    def __init__(self, scripts):
+        self.scripts, self.jobs, self.starts, self.kills = list(scripts), [], 1, 0
+
+    def submit(self, job):
+        self.jobs.append([item["id"] for item in job["exercises"]])
+        self.cases = {item["id"]: len(item["cases"]) for item in job["exercises"]}
+        self.script = list(self.scripts.pop(0))
+
+    def poll(self):
+        out = []
+        while self.script:
+            step = self.script.pop(0)
+            if step == "die":
+                if out:  # what was relayed before the death arrives first
+                    self.script.insert(0, step)
+                    return out
+                raise ServerError("the worker server died")
+            if step == "done":
+                out.append(Done(0, ""))
+                return out
+            kind, ex = step
+            text = {"start": ex} if kind == "start" else {"id": ex, "results": [ZERO] * self.cases[ex]}
+            out.append(Line(json.dumps(text)))
+        return out
+
+    def kill(self):
+        self.kills += 1
+        self.starts += 1
+
+
+def _items(*ids):
+    ex = all_exercises()
+    return [(ex[i], ex[i].make_cases(False)) for i in ids]
+
+
+def test_a_death_whose_last_lines_were_lost_blames_only_the_exercise_that_dies_alone():
+    """3.2 finished but its result died with the server; 3.3 is the one that kills it."""
+    server = Scripted([
+        [("start", "3.1"), ("result", "3.1"), ("start", "3.2"), "die"],  # 3.2's result and 3.3's start lost
+        [("start", "3.2"), ("result", "3.2"), "done"],
+        [("start", "3.3"), "die"],
+    ])
+    raw = run_worker(server, {}, _items("3.1", "3.2", "3.3"), Limits())
+    assert server.jobs == [["3.1", "3.2", "3.3"], ["3.2"], ["3.3"]]
+    assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
+    assert [o.status for o in raw["3.2"]] == ["ok"] * len(raw["3.2"])
+    assert [o.status for o in raw["3.3"]] == ["crashed"]
+
+
+def test_a_death_with_one_exercise_left_blames_it_at_once():
+    server = Scripted([[("start", "3.1"), ("result", "3.1"), ("start", "3.2"), "die"]])
+    raw = run_worker(server, {}, _items("3.1", "3.2"), Limits())
+    assert server.jobs == [["3.1", "3.2"]]
+    assert [o.status for o in raw["3.2"]] == ["crashed"]
