@@ -110,10 +110,10 @@ class Grader:
 
     # -- expected values, computed once, here ---------------------------------------
     def prepare(self) -> None:
-        """Once per class: the expected values, and the catalogue's outputs that diagnoses compare with.
+        """Once per class: the expected values (and the cases that diagnoses will run the catalogue on).
 
         Idempotent: a second call (each pool calls it) computes nothing again."""
-        from .diagnose import precompute
+        from .diagnose import expect_cases
         from .xla_cache import worker_cache_dir
 
         for e in self.exercises:
@@ -122,7 +122,7 @@ class Grader:
             public, hidden = e.make_cases(False), e.make_cases(True, self.secret)
             self._expected[e.id] = (public, reference_results(e, public, worker_cache=True),
                                     hidden, reference_results(e, hidden, worker_cache=True))
-            precompute(e, hidden + public)
+            expect_cases(e, hidden + public)
         self.cache = worker_cache_dir()
 
     def start_workers(self) -> None:
