@@ -14,9 +14,10 @@ are estimated as wall x workers (and nbgrader's as its wall time).  The
 ratio is taken on the measured figures where both have them.
 
 The class's set-up is timed apart from the archives, and printed: the
-reference's expected values on the class's cases, the catalogue's outputs
-on them (for diagnoses), and the worker servers started and warmed on the
-cases' shapes -- once per class, whatever its size.  nbgrader's fixed cost
+reference's expected values on the class's cases and the worker servers
+started and warmed on the cases' shapes -- once per class, whatever its
+size.  (The catalogue of mistakes runs on an exercise's cases when the
+first answer to it fails: inside the timed run.)  nbgrader's fixed cost
 per run (its application, database, first kernel) is left out likewise:
 it grades ``--nb`` and then twice as many notebooks, and the difference
 gives what one more submission costs it.
@@ -83,9 +84,9 @@ def bench_ours(n: int, jobs: int, meter: CpuMeter) -> tuple[float, float, bool]:
         make_class(tmp / "subs", n)
         g = Grader(tmp / "grading", "3", jobs=jobs, log=lambda *a: None)
         t = time.perf_counter()
-        g.prepare()  # the reference's expected values and the catalogue's outputs: once per class
+        g.prepare()  # the reference's expected values: once per class
         g.start_workers()  # the worker servers, started and warmed on the class's case shapes
-        print(f"set-up, once per class (expected values, catalogue outputs, {jobs} workers started): "
+        print(f"set-up, once per class (expected values, {jobs} workers started and warmed): "
               f"{time.perf_counter() - t:.1f} s")
         meter.start()
         t = time.perf_counter()
