@@ -61,27 +61,45 @@ def grad(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
     return g
 
 
-def value_and_grad_aux(f: Callable) -> Callable:
-    """``x -> (aux, df/dx)`` for ``f(x) = (loss, aux)``: the value and the gradient from one trace.
+def value_and_grad_aux(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    """``(*args) -> (aux, df/dargs)`` for ``f(*args) = (loss, aux)``: value and gradient from one trace.
 
-    ``jax.value_and_grad(f, has_aux=True)`` or MLX's ``value_and_grad`` (which
-    differentiates the first of the outputs), by the argument's backend.
-    Tracing the function once for both, instead of once for the value and
-    once more for the gradient, is most of a worker's time saved per case.
+    ``jax.value_and_grad(f, argnums, has_aux=True)`` or MLX's ``value_and_grad``
+    (which differentiates the first of the outputs), by the arguments'
+    backend.  Tracing the function once for both, instead of once for the
+    value and once more for the gradient, is most of a worker's time saved
+    per case.
     """
 
-    def g(x: Any) -> Any:
-        if _is_mlx(x):
+    def g(*args: Any) -> Any:
+        if any(_is_mlx(a) for a in args):
             import mlx.core as mx
 
-            (_, aux), dx = mx.value_and_grad(f)(x)
-            return aux, dx
+            (_, aux), d = mx.value_and_grad(f, argnums=argnums)(*args)
+            return aux, d
         import jax
 
-        (_, aux), dx = jax.value_and_grad(f, has_aux=True)(x)
-        return aux, dx
+        (_, aux), d = jax.value_and_grad(f, argnums=argnums, has_aux=True)(*args)
+        return aux, d
 
     return g
+
+
+def value_and_grads(f: Callable, x: Any, losses: list[Callable]) -> tuple[Any, list[Any]]:
+    """``f(x)`` and, for each loss, the gradient of ``loss(f(x))`` with respect to ``x``.
+
+    On JAX, ``f`` is linearised once and pulled back once per loss (the
+    cotangent is the loss's gradient at ``f(x)``); on MLX (eager), one
+    ``mx.grad`` per loss.
+    """
+    if _is_mlx(x):
+        import mlx.core as mx
+
+        return f(x), [mx.grad(lambda x, loss=loss: loss(f(x)))(x) for loss in losses]
+    import jax
+
+    out, pull = jax.vjp(f, x)
+    return out, [pull(jax.grad(loss)(out))[0] for loss in losses]
 
 
 def itemsize(x: Any) -> int:

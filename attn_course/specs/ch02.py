@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Case, Exercise
-from ._gen import finite_sum, grad, mask, normal, sizes
+from ._gen import finite_sum, mask, normal, sizes, value_and_grads
 
 
 def _probabilities(rng, *shape, dead_row=False):
@@ -69,9 +69,8 @@ def _softmax_probe(fn, **inputs):
         A, log_Z = fn(**{**inputs, "S": S})
         return A, log_Z
 
-    A, log_Z = f(inputs["S"])
-    dA = grad(lambda S: finite_sum(f(S)[0]))(inputs["S"])
-    dlogZ = grad(lambda S: finite_sum(f(S)[1]))(inputs["S"])
+    (A, log_Z), (dA, dlogZ) = value_and_grads(f, inputs["S"], [lambda out: finite_sum(out[0]),
+                                                                 lambda out: finite_sum(out[1])])
     return {"A": A, "log_Z": log_Z, "d/dS (w . A)": dA, "d/dS (w . log_Z)": dlogZ}
 
 

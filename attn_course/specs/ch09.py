@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Case, Exercise
-from ._gen import finite_sum, grad, mask, normal, sizes, spd, with_grad, xp
+from ._gen import finite_sum, grad, mask, normal, sizes, spd, value_and_grad_aux, with_grad, xp
 
 INF = np.inf
 
@@ -33,12 +33,11 @@ def _state(rng, shape, b=3, offset=0.0, scale=1.0):
 
 def _online_probe(fn, **inputs):
     """m', l' and the gradients of a weighted sum of l' wrt x_new and m (m' is a constant)."""
-    def l_new(m, x):
-        return fn(**{**inputs, "m": m, "x_new": x})[1]
+    def loss(x, m):
+        m_new, l_new = fn(**{**inputs, "m": m, "x_new": x})
+        return finite_sum(l_new), (m_new, l_new)
 
-    m_new, l_val = fn(**inputs)
-    dx = grad(lambda x: finite_sum(l_new(inputs["m"], x)))(inputs["x_new"])
-    dm = grad(lambda m: finite_sum(l_new(m, inputs["x_new"])))(inputs["m"])
+    (m_new, l_val), (dx, dm) = value_and_grad_aux(loss, argnums=(0, 1))(inputs["x_new"], inputs["m"])
     return {"m_new": m_new, "l_new": l_val, "d/dx_new (w . l_new)": dx, "d/dm (w . l_new)": dm}
 
 
