@@ -12,8 +12,9 @@ compute the same one side by side.  Without the variable nothing is kept.
 A result's file is named by a digest of everything the result depends on:
 what is computed (the exercise, the function or catalogue entries), the
 cases' names and inputs, the source of the ``attn_tensors`` that was
-imported and of ``attn_course``, the versions of Python, NumPy, JAX and
-jaxlib, the machine, the JAX backend and the XLA flags.  Change any of them
+imported and of the modules of ``attn_course`` that compute it
+(:func:`computing_sources`), the versions of Python, NumPy, JAX and jaxlib,
+the machine, the JAX backend and the XLA flags.  Change any of them
 and the result is computed again; a cache can make a run faster, never
 change what it computes.  The folder holds expected values of hidden cases:
 it is private (mode 0700), and no sandbox binds it (a worker sees only the
@@ -35,7 +36,7 @@ from typing import Any, Callable, Iterable
 from . import values
 
 ENV = "ATTN_COURSE_RESULT_CACHE"
-_SOURCES: dict[Path, tuple[tuple, str]] = {}  # package folder -> (files' stat, digest)
+_SOURCES: dict[Path, tuple[tuple, str]] = {}  # a file or folder -> (its files' stat, digest)
 
 
 def folder() -> Path | None:
@@ -61,18 +62,21 @@ def cases_digest(cases: Iterable[Any]) -> str:
     return h.hexdigest()
 
 
-def source_digest(package: Path) -> str:
-    """A digest of the ``*.py`` files under ``package`` (recomputed when one of them changes)."""
-    package = Path(package).resolve()
-    files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+def source_digest(path: Path) -> str:
+    """A digest of a ``*.py`` file, or of those under a folder (recomputed when one of them changes)."""
+    path = Path(path).resolve()
+    if path.is_file():
+        files, top = [path], path.parent
+    else:
+        files, top = sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts), path
     stats = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    known = _SOURCES.get(package)
+    known = _SOURCES.get(path)
     if known is not None and known[0] == stats:
         return known[1]
     h = hashlib.sha256()
     for p in files:
-        h.update(str(p.relative_to(package)).encode() + b"\0" + p.read_bytes() + b"\0")
-    _SOURCES[package] = (stats, h.hexdigest())
+        h.update(str(p.relative_to(top)).encode() + b"\0" + p.read_bytes() + b"\0")
+    _SOURCES[path] = (stats, h.hexdigest())
     return h.hexdigest()
 
 
@@ -90,12 +94,22 @@ def _machine() -> list[str]:
             jax.default_backend(), str(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS", "")]
 
 
+def computing_sources() -> tuple[str, ...]:
+    """What a result is computed by, in attn_course: the worker's modules and specs (probes and
+    cases, as a sandbox gets them), the mistakes catalogue, and the modules that run and store
+    them.  The rest (grading, reports, the CLI) is not part of a key: editing it keeps the results."""
+    from .sandbox import WORKER_MODULES
+
+    return (*WORKER_MODULES, "specs", "mistakes", "book.py", "text.py",  # the catalogue imports the last two
+            "runner.py", "diagnose.py", "result_cache.py")
+
+
 def _key(kind: str, parts: list) -> str:
     import attn_tensors
 
-    from . import __file__ as course_init
-
-    sources = [source_digest(Path(attn_tensors.__file__).parent), source_digest(Path(course_init).parent)]
+    course = Path(__file__).parent
+    sources = [source_digest(Path(attn_tensors.__file__).parent)]
+    sources += [source_digest(course / name) for name in computing_sources()]
     text = json.dumps([kind, parts, sources, _machine()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
