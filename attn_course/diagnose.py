@@ -187,16 +187,26 @@ def precompute(ex: Exercise, cases: list[Case]) -> list[dict[str, dict[str, np.n
     from .mistakes import for_exercise
     from .worker import evaluate_all
 
+    from . import result_cache
+
     keys = [(ex.id, case_key(c)) for c in cases]
     found = {k: _CACHE[k] for k in keys if k in _CACHE}
     todo = [(k, c) for k, c in zip(keys, cases) if k not in found]
     if todo:
+        entries = for_exercise(ex.id)
+        inputs, eager = [c.inputs for _, c in todo], [c.eager for _, c in todo]
+
+        def compute() -> list:  # each entry's outputs, encoded as a worker's
+            return [[values.encode(r) for r in evaluate_all(m.wrong, ex.probe, inputs, eager=eager)]
+                    for m in entries]
+
+        parts = [ex.id, [m.key for m in entries], result_cache.cases_digest(c for _, c in todo)]
+        outputs = result_cache.cached("catalogue", parts, compute)
         for k, _ in todo:
             found[k] = {}
-        for m in for_exercise(ex.id):
-            raw = evaluate_all(m.wrong, ex.probe, [c.inputs for _, c in todo], eager=[c.eager for _, c in todo])
+        for m, raw in zip(entries, outputs):
             for (k, _), r in zip(todo, raw):
-                found[k][m.key] = _fields(values.decode(values.encode(r)))
+                found[k][m.key] = _fields(values.decode(r))
         if len(_CACHE) + len(todo) > _CACHE_SIZE:
             _CACHE.clear()
         _CACHE.update((k, found[k]) for k, _ in todo)
@@ -218,13 +228,21 @@ def catalogue_outputs(ex: Exercise, cases: list[Case], expected: list[Any]) -> l
     from .mistakes import for_exercise
     from .worker import evaluate_all
 
+    from . import result_cache
+
     exp = [_fields(e) for e in expected]
     live = [i for i, e in enumerate(exp) if e is not None]
     out: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in cases]
-    for m in for_exercise(ex.id):
-        raw = evaluate_all(m.wrong, ex.probe, [cases[i].inputs for i in live])
+    entries = for_exercise(ex.id)
+
+    def compute() -> list:  # each entry's outputs on the live cases, encoded as a worker's
+        return [[values.encode(r) for r in evaluate_all(m.wrong, ex.probe, [cases[i].inputs for i in live])]
+                for m in entries]
+
+    parts = [ex.id, [m.key for m in entries], result_cache.cases_digest(cases[i] for i in live)]
+    for m, raw in zip(entries, result_cache.cached("catalogue-release", parts, compute)):
         for i, r in zip(live, raw):
-            w = _fields(values.decode(values.encode(r)))
+            w = _fields(values.decode(r))
             if w is None or set(w) != set(exp[i]):
                 continue
             if all(close(w[k], exp[i][k], *_match_tolerance(ex, exp[i][k])) for k in w):

@@ -78,10 +78,25 @@ def _enclosing_functions(tree: ast.AST) -> list[tuple[int, int, str]]:
     return spans
 
 
+_FOUND: dict[tuple[str, str | None, str], list[Region]] = {}  # (path, module, text) -> its regions
+
+
 def find_regions(path: Path, module: str | None = None) -> list[Region]:
-    """Every solution region of one source file, checked for well-formedness."""
+    """Every solution region of one source file, checked for well-formedness.
+
+    Parsed once per text of the file (building the notebooks asks for the
+    library's regions once per exercise)."""
     path = Path(path)
     text = path.read_text()
+    key = (str(path), module, text)
+    if key not in _FOUND:
+        if len(_FOUND) > 512:
+            _FOUND.clear()
+        _FOUND[key] = _find_regions(path, module, text)
+    return list(_FOUND[key])
+
+
+def _find_regions(path: Path, module: str | None, text: str) -> list[Region]:
     lines = text.splitlines()
     spans = _enclosing_functions(ast.parse(text, filename=str(path)))
     regions: list[Region] = []

@@ -220,22 +220,32 @@ def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = 
     Computed exactly as a worker computes a submission's (one program for
     the cases, :func:`attn_course.worker.evaluate_all`); with
     ``worker_cache`` the programs also fill the workers' compilation cache.
+    Kept between processes when ``ATTN_COURSE_RESULT_CACHE`` names a folder
+    (:mod:`attn_course.result_cache`; the test suite sets it).
     """
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    from . import result_cache
     from .worker import evaluate_all, resolve
+    from .xla_cache import compile_cache, enable_compile_cache, worker_cache_dir, worker_keys
 
     cases = list(cases)
-    from .xla_cache import cache_dir, enable_compile_cache, worker_cache_dir, worker_keys
-
     fn = resolve(ex.function)
-    if worker_cache:
-        enable_compile_cache(worker_cache_dir())
-        with worker_keys():
-            raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases], eager=[c.eager for c in cases])
-        enable_compile_cache(cache_dir())
-    else:
-        enable_compile_cache()
-        raw = evaluate_all(fn, ex.probe, [c.inputs for c in cases], eager=[c.eager for c in cases])
-    return [Outcome.from_dict(values.decode(values.encode(r))) for r in raw]
+    if jax.config.jax_compilation_cache_dir is None:
+        enable_compile_cache()  # this process's own programs: the trusted side's cache
+
+    def compute() -> list:
+        inputs, eager = [c.inputs for c in cases], [c.eager for c in cases]
+        if worker_cache:
+            with compile_cache(worker_cache_dir()), worker_keys():
+                raw = evaluate_all(fn, ex.probe, inputs, eager=eager)
+        else:
+            raw = evaluate_all(fn, ex.probe, inputs, eager=eager)
+        return [values.encode(r) for r in raw]
+
+    parts = [ex.id, ex.function, result_cache.cases_digest(cases)]
+    if worker_cache:  # a result read back fills no compilation cache: only one that filled this one counts
+        st = worker_cache_dir().stat()
+        parts += ["worker cache", str(worker_cache_dir()), st.st_dev, st.st_ino]
+    return [Outcome.from_dict(values.decode(r)) for r in result_cache.cached("reference", parts, compute)]

@@ -23,17 +23,23 @@ from .server import WorkerServer
 
 
 def cases_and_expected(exercises: list[Exercise]):
+    """Public and hidden cases with their expected values; as in grading, the reference's
+    programs also fill the workers' compilation cache (:func:`reference_results`)."""
     out = {}
     for e in exercises:
         public, hidden = e.make_cases(False), e.make_cases(True, secret(allow_ci=True))
-        out[e.id] = (public, reference_results(e, public), hidden, reference_results(e, hidden))
+        out[e.id] = (public, reference_results(e, public, worker_cache=True),
+                     hidden, reference_results(e, hidden, worker_cache=True))
     return out
 
 
 def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax") -> dict[str, ExerciseResult]:
+    """One side in a worker that, as a grading worker does, reads the workers' compilation cache."""
+    from .xla_cache import worker_cache_dir
+
     items = [(e, data[e.id][0] + data[e.id][2]) for e in exercises]
     limits = Limits(per_exercise_s=300, per_archive_s=7200)
-    server = WorkerServer(Plain(limits))
+    server = WorkerServer(Plain(limits, worker_cache_dir()))
     files = package_files(package)
     try:
         raw = run_worker(server, files, items, limits, backend=backend)

@@ -32,6 +32,8 @@ def enable_compile_cache(path: Path | str | None = None) -> None:
         pass
     if jax.config.jax_compilation_cache_dir != str(path):
         jax.config.update("jax_compilation_cache_dir", str(path))
+        # JAX opens its cache at the first compilation and keeps that folder
+        # for good: without a reset, a later folder would never be used.
         compilation_cache.reset_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -74,3 +76,28 @@ class worker_keys:
             os.environ.pop("XLA_FLAGS", None)
         else:
             os.environ["XLA_FLAGS"] = self.saved
+
+
+class compile_cache:
+    """Within this block, compiled programs go to (and come from) the cache at ``path``;
+    after it, the folder in use before (if any) is used again."""
+
+    def __init__(self, path: Path | str):
+        self.path = path
+
+    def __enter__(self):
+        import jax
+
+        self.saved = jax.config.jax_compilation_cache_dir
+        enable_compile_cache(self.path)
+        return self
+
+    def __exit__(self, *exc):
+        import jax
+        from jax.experimental.compilation_cache import compilation_cache
+
+        if self.saved is not None:
+            enable_compile_cache(self.saved)
+        else:
+            jax.config.update("jax_compilation_cache_dir", None)
+            compilation_cache.reset_cache()

@@ -27,6 +27,17 @@ if os.environ.get("ATTN_TEST_XLA_CACHE", "") != "off":
 
     _enable_cache(os.environ.get("ATTN_TEST_XLA_CACHE") or _cache_dir().parent / "xla-tests")
 
+# The expected values and the mistakes catalogue's outputs, computed once for the
+# session and the next ones and shared by every process of the session (pytest's
+# workers, the `attn-course` commands the tests run, nbgrader's kernels), keyed by
+# everything they depend on (attn_course.result_cache): ATTN_TEST_RESULT_CACHE,
+# default ~/.cache/attn-course/results-tests; ATTN_TEST_RESULT_CACHE=off turns it off.
+if os.environ.get("ATTN_TEST_RESULT_CACHE", "") != "off":
+    from attn_course.xla_cache import cache_dir as _cache_dir
+
+    os.environ["ATTN_COURSE_RESULT_CACHE"] = (os.environ.get("ATTN_TEST_RESULT_CACHE")
+                                              or str(_cache_dir().parent / "results-tests"))
+
 from attn_tensors.backend import mlx_available, namespace  # noqa: E402
 
 settings.register_profile(

@@ -137,20 +137,23 @@ def test_an_error_shared_by_every_case_is_said_once(ws):
 
 @pytest.mark.slow
 def test_the_time_limit_is_grading_s(ws, monkeypatch, capsys):
-    """An infinite loop is stopped at grading's per-exercise limit, and check says so."""
+    """An infinite loop is stopped at grading's per-exercise limit, and check says so.
+
+    The loop is in the chapter's second exercise: the first exercise of a job on a
+    new server also gets the server's start-up grace (runner.START_GRACE_S)."""
     from attn_course import sandbox
 
     assert sandbox.GRADING_LIMITS.per_exercise_s <= 60
     short = dataclasses.replace(GRADING_LIMITS, per_exercise_s=2.0)
     monkeypatch.setattr(sandbox, "GRADING_LIMITS", short)  # what `check` reads at run time
-    _replace_stub(ws, "statmech", "3.1", "    while True:\n        pass\n")
+    _replace_stub(ws, "statmech", "3.2", "    while True:\n        pass\n")
     rc = cli.main(["check", "3", "--workspace", str(ws)])
     out, err = capsys.readouterr()
     assert "(at most 2 s each, as in grading)" in err
     assert rc == 1
-    assert "exercise 3.1 ran past the 2 s limit" in out, out
-    assert re.search(r"^3\.1 +\.\.\. ran past the 2 s limit$", err, re.M), err
-    assert "[ TODO] Exercise 3.2" in out  # the others still ran
+    assert "exercise 3.2 ran past the 2 s limit" in out, out
+    assert re.search(r"^3\.2 +\.\.\. ran past the 2 s limit$", err, re.M), err
+    assert "[ TODO] Exercise 3.1" in out and "[ TODO] Exercise 3.3" in out  # the others still ran
 
 
 def test_grading_and_check_share_the_limit(tmp_path):

@@ -145,7 +145,10 @@ def notebook_class(tmp_path_factory):
 
     def arch(sid, nb, lib):
         data = nb if isinstance(nb, bytes) else json.dumps(nb).encode()
-        build_archive(subs / f"{sid}.zip", sid, {**lib, "notebooks/ch03.ipynb": data},
+        # archives are graded in their files' order: the one that waits for its time limit
+        # goes first, so that the two slots grade the others beside it
+        first = "0-" if sid == "nb-infinite-loop" else ""
+        build_archive(subs / f"{first}{sid}.zip", sid, {**lib, "notebooks/ch03.ipynb": data},
                       token=token_for(sid, SECRET))
 
     arch("good", _honest_notebook(), library_files(ROOT))

@@ -142,13 +142,15 @@ HOSTILE = {
                                                 "            pass\n"
                                                 "    return False\n"), ["3.5"]),
     # -- the server and the results channel ----------------------------------------------------
-    "e1_kill_server": (_wrap("3.5", "import os, signal\nfor pid in (os.getppid(), 1):\n"
+    # (the stopped server comes first: after a killed one, a new server's start-up grace
+    # would be added to its wait)
+    "e1_stop_server": (_wrap("3.1", "import os, signal, time\n"
+                                    "try:\n    os.kill(os.getppid(), signal.SIGSTOP)\nexcept OSError:\n    pass\n"
+                                    "time.sleep(60)\nreturn _honest()"), ["3.1"]),
+    "e2_kill_server": (_wrap("3.5", "import os, signal\nfor pid in (os.getppid(), 1):\n"
                                     "    try:\n        os.kill(pid, signal.SIGKILL)\n"
                                     "    except OSError:\n        pass\n"
                                     "return _honest()"), ["3.5"]),
-    "e2_stop_server": (_wrap("3.1", "import os, signal, time\n"
-                                    "try:\n    os.kill(os.getppid(), signal.SIGSTOP)\nexcept OSError:\n    pass\n"
-                                    "time.sleep(60)\nreturn _honest()"), ["3.1"]),
     "e3_forged_lines": (_wrap("3.4", "import os, json\n"
                                      "zero = {'__array__': 'float64', 'shape': [], 'data': [0.0]}\n"
                                      "for ex in ('3.5', '3.1'):\n"
