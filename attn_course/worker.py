@@ -532,10 +532,11 @@ def _empty(folder: str, keep: dict[str, int] | None = None) -> bool:
                 if p not in keep:
                     remove_tree(p)
                     continue
+                if os.path.ismount(p):
+                    continue  # a read-only bind (a Python environment under /tmp): nothing of the job's
                 if os.path.isdir(p) and not os.path.islink(p):
                     os.chmod(p, 0o700 | keep[p])
-                    if not os.path.ismount(p):
-                        clean(p)
+                    clean(p)
                     os.chmod(p, keep[p] & 0o7777)
 
         clean(folder)
