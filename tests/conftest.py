@@ -130,3 +130,38 @@ def pytest_configure(config):
         chapters.add(e.chapter)
     for ch in sorted(chapters):
         config.addinivalue_line("markers", f"ch{ch:02d}: the graded exercises of chapter {ch}")
+    # pytest-xdist's --dist loadfile hands out files in decreasing number of tests, so the
+    # files with few but long tests (a red-team batch, nbgrader) would start last and one
+    # worker would finish alone: it keeps the order of pytest_collection_modifyitems instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _rank(module: pytest.Module, items: list, first_book: list) -> int:
+    """Where a test file goes: the long ones first, so that two workers finish together.
+
+    0: the first file that builds the book (its build is the long one); 1: a file marked
+    slow as a whole (it grades a batch, runs nbgrader or a student's whole path); 2: the
+    other book files (the book is built by then: theirs finds the cache warm); 3: a file
+    with some slow tests; 4: the rest, in their usual order (the many short files fill in
+    at the end).
+    """
+    marks = getattr(module.obj, "pytestmark", [])
+    marks = {m.name for m in (marks if isinstance(marks, list) else [marks])}
+    if any(it.get_closest_marker("book") for it in items):
+        if not first_book:
+            first_book.append(module)
+        return 0 if first_book[0] is module else 2
+    if "slow" in marks:
+        return 1
+    return 3 if any(it.get_closest_marker("slow") for it in items) else 4
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long files first (see :func:`_rank`); a file's tests keep their order."""
+    by_module: dict = {}
+    for it in items:
+        by_module.setdefault(it.getparent(pytest.Module), []).append(it)
+    first_book: list = []
+    rank = {m: _rank(m, its, first_book) for m, its in by_module.items()}
+    items[:] = [it for m in sorted(by_module, key=lambda m: rank[m]) for it in by_module[m]]

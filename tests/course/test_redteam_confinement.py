@@ -284,7 +284,7 @@ def test_nothing_outlived_its_job(graded):
 
 
 SLEEPER = "_SLEPT = set()\n" + "".join(
-    _wrap(ex, f"import time\nif {ex!r} not in _SLEPT:\n    _SLEPT.add({ex!r})\n    time.sleep(4)\nreturn _honest()")
+    _wrap(ex, f"import time\nif {ex!r} not in _SLEPT:\n    _SLEPT.add({ex!r})\n    time.sleep(2)\nreturn _honest()")
     for ex in FULL)
 
 
@@ -301,7 +301,7 @@ def test_an_archive_that_sleeps_under_every_limit_is_stopped_by_its_budget(tmp_p
     lines: list[str] = []
     try:
         g = Grader(tmp_path / "out", "3", jobs=1, log=lines.append,
-                   limits=Limits(per_exercise_s=60, per_archive_s=10, cpu_s=60))
+                   limits=Limits(per_exercise_s=60, per_archive_s=5, cpu_s=60))
         (r,) = g.run(subs)
     finally:
         del os.environ["ATTN_COURSE_SECRET"]
