@@ -342,8 +342,10 @@ def flash_attention(
 def _empty_attention(xp: Backend, Q, K, V, scale, T, batch, return_lse):
     """O^{ib} and log Z^i when n_q = 0 or n_k = 0: empty, or 0 and -inf (fully masked rows)."""
     n_q, d_v = Q.shape[-2], V.shape[-1]
-    # O^{ib} = sum over no keys = 0, written through Q and V so both stay in the graph
-    O = xp.einsum("...ia,...jb->...ib", Q[..., :, :0], V[..., :0, :]) * scale
+    # O^{ib} = sum over no keys = 0, written through Q and V so both stay in the graph:
+    # a product over one empty axis (MLX 0.32's einsum over empty axes can spin for
+    # minutes in its gradient; a matmul does not)
+    O = (Q[..., :, :0] @ V[..., :0, :]) * scale
     O = xp.broadcast_to(O, batch + (n_q, d_v))
     if not return_lse:
         return O
