@@ -159,13 +159,23 @@ def notebook_class(tmp_path_factory):
     elsewhere = tmp / "some-other-folder"
     elsewhere.mkdir()
     env = dict(ENV, ATTN_COURSE_SECRET=SECRET)
-    r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
-                        # a budget far above the work (an infinite loop's 30 s limit plus the rest), so
+    r = subprocess.run([sys.executable, "-c", GRADE_WITH_LIMIT, "grade", str(subs), "--out", str(out),
+                        # a budget far above the work (an infinite loop's limit plus the rest), so
                         # that no verdict here depends on the machine's load; the budget itself is
                         # tested in test_redteam_confinement
                         "--exercises", "3", "--notebooks", "--budget", "240", "--jobs", "2"],
                        env=env, cwd=elsewhere, capture_output=True, text=True, timeout=1800)
     return r, out
+
+
+# `attn-course grade` with a per-exercise limit of 8 s instead of grading's 30 s (as test_redteam
+# grades): the infinite loop is stopped sooner, and an honest exercise (well under a second) still
+# has more than ten times what it needs; check's own use of the limit is tested in test_check
+GRADE_WITH_LIMIT = ("import dataclasses, sys\n"
+                    "import attn_course.grade as grade\n"
+                    "grade.GRADING_LIMITS = dataclasses.replace(grade.GRADING_LIMITS, per_exercise_s=8.0)\n"
+                    "from attn_course.cli import main\n"
+                    "sys.exit(main(sys.argv[1:]))\n")
 
 
 def test_one_command_grades_archives_and_their_notebooks(notebook_class):
