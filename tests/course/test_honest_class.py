@@ -109,7 +109,10 @@ def test_ctrl_c_stops_within_seconds_and_keeps_finished_results(tmp_path):
                PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
                              "--exercises", "3.5", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            # a shell that starts the suite in the background (`make test &`) ignores
+                            # SIGINT, and Python then leaves it ignored: the command gets it as a terminal would
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in proc.stdout:  # wait until the honest archive is done and the hanging ones run
         seen.append(line)
