@@ -60,7 +60,7 @@ from . import RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
 from .identity import secret_fingerprint
 from .registry import Exercise, secret, select
-from .runner import package_files, reference_results, run_and_grade, run_worker
+from .runner import fill_worker_cache, package_files, reference_results, run_and_grade, run_worker
 from .sandbox import GRADING_LIMITS, Limits, confinement
 from .scoring import ExerciseResult, Status, stubbed_exercises
 from .server import WorkerServer
@@ -123,6 +123,9 @@ class Grader:
             self._expected[e.id] = (public, reference_results(e, public, worker_cache=True),
                                     hidden, reference_results(e, hidden, worker_cache=True))
             expect_cases(e, hidden + public)
+        if self.cache is None:
+            # an archive's hidden cases run as one program (worker.evaluate_job): the reference's, compiled once
+            fill_worker_cache([(e, self._expected[e.id][2]) for e in self.exercises])
         self.cache = worker_cache_dir()
 
     def start_workers(self) -> None:

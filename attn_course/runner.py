@@ -34,8 +34,12 @@ def package_files(package: Path) -> dict[str, str]:
             for p in sorted((package / "attn_tensors").rglob("*.py")) if "__pycache__" not in p.parts}
 
 
+COMPILING = "(the job's program)"  # what runs between a JAX job's tracing and its results
+
+
 def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | None] | None:
-    """A job's line as ("start", id, None) or ("result", id, outcomes); None if it is not one.
+    """A job's line as ("start", id, None), ("phase", COMPILING, None) or ("result", id, outcomes);
+    None if it is not one.
 
     ``todo`` maps the exercises still expected to their number of cases; a
     line about anything else, of another shape, too deep or unreadable is
@@ -49,6 +53,8 @@ def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | N
         return None
     if set(obj) == {"start"} and isinstance(obj["start"], str) and obj["start"] in todo:
         return "start", obj["start"], None
+    if obj == {"phase": "compile"}:
+        return "phase", COMPILING, None
     if set(obj) == {"id", "results"} and isinstance(obj["id"], str) and obj["id"] in todo:
         results = obj["results"]
         if not isinstance(results, list) or len(results) != todo[obj["id"]]:
@@ -117,7 +123,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         if backend != "jax":
             job["backend"] = backend
         current, started, verdict, done, received = None, time.monotonic(), None, None, 0
-        seen: set[str] = set()  # each exercise starts (and resets the clock) once
+        seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
         starts = server.starts
         try:
             server.submit(job)
@@ -141,16 +147,17 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 if parsed is None:
                     continue
                 kind, ex_id, outcomes = parsed
-                if kind == "start" and ex_id not in seen:
-                    seen.add(ex_id)
-                    current, started = ex_id, time.monotonic()
+                if kind == "start":  # again: a case of it runs alone after the job's program
+                    current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
+                elif kind == "phase" and COMPILING not in seen:
+                    current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
                 elif kind == "result":
                     raw[ex_id] = outcomes
             if verdict is not None or done is not None:
                 break
             now = time.monotonic()
             grace = 0.0
-            if current is None or current == remaining[0][0].id:
+            if current is None or current == remaining[0][0].id or current == COMPILING:
                 grace = START_GRACE_S if server.starts != starts else FIRST_EXERCISE_GRACE_S
             if now - started > limits.per_exercise_s + grace:
                 verdict = Outcome.failure("timeout", f"stopped after {limits.per_exercise_s:g} s (time limit)")
@@ -174,10 +181,11 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             for ex, _ in left:
                 raw[ex.id] = [verdict]
             break
-        if verdict.status == "crashed" and len(unfinished) > 1:
+        if len(unfinished) > 1 and (verdict.status == "crashed" or current not in unfinished):
             # The job or its server died: the last lines it wrote may have died with it (an exercise
             # that finished can look unfinished, or not even started), so which one did it is not
-            # certain.  Each runs again alone; a crash then names its exercise.
+            # certain; or the time ran out in the program of the whole job (COMPILING), which is
+            # every exercise's.  Each runs again alone; a crash or a limit then names its exercise.
             alone, remaining = True, left
             continue
         culprit = current if current in unfinished else unfinished[0]
@@ -217,9 +225,11 @@ def run_and_grade(server: WorkerServer, files: dict[str, str],
 def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = False) -> list[Outcome]:
     """The reference library's outcomes, computed in this (trusted) process.
 
-    Computed exactly as a worker computes a submission's (one program for
-    the cases, :func:`attn_course.worker.evaluate_all`); with
-    ``worker_cache`` the programs also fill the workers' compilation cache.
+    Computed as a worker computes a submission's, one exercise at a time
+    (one program for its cases, :func:`attn_course.worker.evaluate_all`; a
+    worker runs a whole job as one program, with the same results:
+    ``tests/course/test_job_program.py``); with ``worker_cache`` the programs
+    also fill the workers' compilation cache.
     Kept between processes when ``ATTN_COURSE_RESULT_CACHE`` names a folder
     (:mod:`attn_course.result_cache`; the test suite sets it).
     """
@@ -249,3 +259,31 @@ def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = 
         st = worker_cache_dir().stat()
         parts += ["worker cache", str(worker_cache_dir()), st.st_dev, st.st_ino]
     return [Outcome.from_dict(values.decode(r)) for r in result_cache.cached("reference", parts, compute)]
+
+
+def fill_worker_cache(items: list[tuple[Exercise, list[Case]]]) -> None:
+    """Compile the reference's program of a whole job (these exercises, these cases) into the
+    workers' cache, as a worker compiles a submission's (:func:`attn_course.worker.evaluate_job`).
+
+    A job is one program: an archive whose program is the reference's then
+    loads it instead of compiling it.  Done once per class and set of cases
+    (:mod:`attn_course.result_cache` remembers it); the results are not used.
+    """
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from . import result_cache
+    from .worker import JobItem, evaluate_job, resolve
+    from .xla_cache import compile_cache, worker_cache_dir, worker_keys
+
+    def compute() -> list:
+        job = [JobItem(ex.id, ex.probe, [c.inputs for c in cases], [c.eager for c in cases]) for ex, cases in items]
+        functions = {ex.id: ex.function for ex, _ in items}
+        with compile_cache(worker_cache_dir()), worker_keys():
+            evaluate_job(job, lambda ex_id: (resolve(functions[ex_id]), None))
+        return []
+
+    st = worker_cache_dir().stat()
+    parts = ["worker cache", str(worker_cache_dir()), st.st_dev, st.st_ino]
+    parts += [[ex.id, ex.function, result_cache.cases_digest(cases)] for ex, cases in items]
+    result_cache.cached("job-program", parts, compute)

@@ -157,7 +157,11 @@ HOSTILE = {
                                      "    os.write(3, (json.dumps({'id': ex, 'results': [{'status': 'ok', 'value': {'value': zero}}] * 9}) + '\\n').encode())\n"
                                      "os.write(3, b'{\"start\": [1]}\\n{\"id\": {\"x\": 1}, \"results\": 5}\\n' + b'[' * 200000 + b'\\n\\xff\\xfe\\n')\n"
                                      "os.write(3, (json.dumps({'id': '3.5', 'results': [{'status': 'ok', 'value': {'ZZ': zero}}, {'status': 'weird'}]}) + '\\n').encode())\n"
-                                     "return _wrong()"), ["3.4", "3.5"]),
+                                     "return _wrong()"),
+                        # a job's results are reported after all of its code has run (one program for
+                        # the whole job): a line forged for any exercise of it comes first and counts,
+                        # and earns nothing (zeros); the forger loses those points, nobody else does
+                        ["3.1", "3.4", "3.5"]),
     "e4_deep_value": (_wrap("3.2", "x = []\nfor _ in range(100000):\n    x = [x]\nreturn {'value': x}"), ["3.2"]),
     # -- text the submission controls ----------------------------------------------------------------
     "f1_ansi_markdown_csv": (_wrap("3.1", "raise ValueError('\\x1b[2J\\x1b]8;;http://evil.example\\x07click\\x1b]8;;\\x07\\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from attn_course import values
 from attn_course.registry import all_exercises
@@ -14,7 +15,8 @@ ZERO = {"status": "ok", "value": {"value": values.encode(__import__("numpy").zer
 
 
 class Scripted:
-    """A worker server that plays one script per job: ('start', id), ('result', id), 'die' or 'done'."""
+    """A worker server that plays one script per job: ('start', id), ('phase', None), ('result', id),
+    ('sleep', seconds), 'hang', 'die' or 'done'."""
 
     def __init__(self, scripts):
         self.scripts, self.jobs, self.starts, self.kills = list(scripts), [], 1, 0
@@ -36,8 +38,15 @@ class Scripted:
             if step == "done":
                 out.append(Done(0, ""))
                 return out
+            if step == "hang":  # nothing more, ever: the runner's clock decides
+                self.script.insert(0, step)
+                return out
             kind, ex = step
-            text = {"start": ex} if kind == "start" else {"id": ex, "results": [ZERO] * self.cases[ex]}
+            if kind == "sleep":
+                time.sleep(ex)
+                return out
+            text = ({"start": ex} if kind == "start" else {"phase": "compile"} if kind == "phase"
+                    else {"id": ex, "results": [ZERO] * self.cases[ex]})
             out.append(Line(json.dumps(text)))
         return out
 
@@ -70,3 +79,33 @@ def test_a_death_with_one_exercise_left_blames_it_at_once():
     raw = run_worker(server, {}, _items("3.1", "3.2"), Limits())
     assert server.jobs == [["3.1", "3.2"]]
     assert [o.status for o in raw["3.2"]] == ["crashed"]
+
+
+def test_a_limit_reached_in_the_jobs_program_runs_each_exercise_alone(monkeypatch):
+    """Every exercise was traced; the time ran out in the program of the whole job (lowering,
+    compiling, running it): it is nobody's in particular, so each runs alone, and the one that
+    runs out of time alone is the one that pays."""
+    from attn_course import runner
+
+    monkeypatch.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
+    server = Scripted([
+        [("start", "3.1"), ("start", "3.2"), ("phase", None), "hang"],
+        [("start", "3.1"), ("phase", None), ("result", "3.1"), "done"],
+        [("start", "3.2"), ("phase", None), "hang"],
+    ])
+    raw = run_worker(server, {}, _items("3.1", "3.2"), Limits(per_exercise_s=0.2))
+    assert server.jobs == [["3.1", "3.2"], ["3.1"], ["3.2"]]
+    assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
+    assert [o.status for o in raw["3.2"]] == ["timeout"]
+
+
+def test_a_start_line_again_does_not_restart_the_clock(monkeypatch):
+    """A job may say an exercise starts again (a case of it runs alone after the program), but its
+    time counts from its first start: one that repeats it forever is still stopped."""
+    from attn_course import runner
+
+    monkeypatch.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
+    # 0.3 s allowed; starts repeated over 6 s: a clock restarted by each would never run out
+    server = Scripted([[("start", "3.1")] + [("sleep", 0.05), ("start", "3.1")] * 120 + ["done"]])
+    raw = run_worker(server, {}, _items("3.1"), Limits(per_exercise_s=0.3))
+    assert [o.status for o in raw["3.1"]] == ["timeout"]

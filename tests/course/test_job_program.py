@@ -1,0 +1,110 @@
+"""A JAX job runs as one program (worker.evaluate_job) with the results of one program per exercise.
+
+The worker traces every case of every exercise of a job into one XLA
+program; each exercise computed on its own (worker.evaluate_all, as the
+expected values are) must give the same outcome on every case: the same
+status, the same error type, and values equal to the last bits.  Checked on
+the reference, the stub release and catalogued mistakes, over chapter 3 and
+over chapter 4 (whose cases include one that runs op by op).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attn_course.mistakes import for_exercise
+from attn_course.registry import all_exercises
+from attn_course.worker import JobItem, evaluate_all, evaluate_job, resolve
+
+
+def _same(a: dict, b: dict, where: str) -> None:
+    assert a["status"] == b["status"], (where, a, b)
+    assert a.get("type") == b.get("type"), (where, a, b)
+    if a["status"] == "ok":
+        assert set(a["value"]) == set(b["value"]), where
+        for k in a["value"]:
+            x, y = np.asarray(a["value"][k]), np.asarray(b["value"][k])
+            assert x.shape == y.shape and x.dtype == y.dtype, (where, k)
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12, equal_nan=True, err_msg=f"{where} {k}")
+
+
+def _check(exercises, functions):
+    items = [JobItem(e.id, e.probe, [c.inputs for c in e.make_cases(True, "job-secret")],
+                     [c.eager for c in e.make_cases(True, "job-secret")]) for e in exercises]
+    order: list[tuple[str, str]] = []
+    got = evaluate_job(items, lambda ex_id: (functions[ex_id], None),
+                       start=lambda ex_id: order.append(("start", ex_id)),
+                       phase=lambda name: order.append(("phase", name)),
+                       report=lambda ex_id, res: order.append(("report", ex_id)))
+    for it in items:
+        alone = evaluate_all(functions[it.id], it.probe, it.inputs, "jax", it.id, it.eager)
+        assert len(got[it.id]) == len(alone)
+        for i, (a, b) in enumerate(zip(got[it.id], alone)):
+            _same(a, b, f"{it.id} case {i}")
+    # each exercise starts before it is reported; the program runs after every exercise is traced
+    starts = [x for k, x in order if k == "start"]
+    assert starts[:len(items)] == [it.id for it in items]
+    assert sorted(x for k, x in order if k == "report") == sorted(it.id for it in items)
+    return got, order
+
+
+@pytest.mark.parametrize("chapter", [3, 4])
+def test_reference_as_one_program(chapter):
+    exercises = [e for e in all_exercises().values() if e.chapter == chapter]
+    got, order = _check(exercises, {e.id: resolve(e.function) for e in exercises})
+    assert ("phase", "compile") in order
+    assert any(r["status"] == "ok" for res in got.values() for r in res)
+
+
+def test_stub_and_mistakes_as_one_program():
+    exercises = [e for e in all_exercises().values() if e.chapter == 3]
+
+    def stub_of(ex_id):
+        def stub(*args, **kwargs):
+            raise NotImplementedError(f"Exercise {ex_id}: not done yet")
+        return stub
+
+    got, _ = _check(exercises, {e.id: stub_of(e.id) for e in exercises})
+    assert all(r["status"] == "not_implemented" for res in got.values() for r in res)
+    wrong = {e.id: for_exercise(e.id)[0].wrong for e in exercises if for_exercise(e.id)}
+    assert len(wrong) >= 3
+    _check([e for e in exercises if e.id in wrong], wrong)
+
+
+def test_an_exercise_that_cannot_be_imported_is_reported_and_the_others_run():
+    exercises = [e for e in all_exercises().values() if e.chapter == 3][:3]
+    items = [JobItem(e.id, e.probe, [c.inputs for c in e.make_cases(False)], [c.eager for c in e.make_cases(False)])
+             for e in exercises]
+    broken = exercises[1].id
+
+    def function(ex_id):
+        if ex_id == broken:
+            return None, "cannot import attn_tensors.statmech.entropy: NameError: boom"
+        return resolve(next(e.function for e in exercises if e.id == ex_id)), None
+
+    got = evaluate_job(items, function)
+    assert all(r["status"] == "raised" and r["type"] == "ImportError" and "boom" in r["message"] for r in got[broken])
+    for e in exercises:
+        if e.id != broken:
+            assert any(r["status"] == "ok" for r in got[e.id]), e.id
+
+
+def test_a_program_that_cannot_be_built_falls_back_exercise_by_exercise():
+    """A probe output that is not an array (a string) cannot leave a program: that case runs alone,
+    and says so, while the other cases keep their values."""
+    ex = all_exercises()["3.1"]
+    fn = resolve(ex.function)
+    cases = ex.make_cases(False)
+
+    def odd(S, mask=None, T=1.0):
+        if S.shape[-1] == cases[0].inputs["S"].shape[-1] and S.ndim == 2:
+            return "not an array"
+        return fn(S, mask=mask, T=T)
+
+    items = [JobItem(ex.id, ex.probe, [c.inputs for c in cases], [c.eager for c in cases])]
+    got = evaluate_job(items, lambda ex_id: (odd, None))
+    alone = evaluate_all(odd, ex.probe, items[0].inputs, "jax", ex.id)
+    for i, (a, b) in enumerate(zip(got[ex.id], alone)):
+        _same(a, b, f"case {i}")
+    assert any(r["status"] != "ok" for r in got[ex.id]) and any(r["status"] == "ok" for r in got[ex.id])
