@@ -102,8 +102,11 @@ def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     """The whole environment of a worker: nothing of the grader's."""
     from .xla_cache import WORKER_XLA_FLAGS
 
+    # PYTHONDONTWRITEBYTECODE: a job's modules are imported once and removed after it; writing
+    # their bytecode would only be more work (and more files to remove)
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0", "XLA_FLAGS": WORKER_XLA_FLAGS}
+           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0", "XLA_FLAGS": WORKER_XLA_FLAGS,
+           "PYTHONDONTWRITEBYTECODE": "1"}
     if cache is not None:
         env["ATTN_COURSE_CACHE"] = str(cache)
     return env
