@@ -148,6 +148,9 @@ class Grader:
                 server.wait_ready()
                 for backend in self.backends:
                     run_worker(server, self.release, items, self.limits, backend=backend)
+                # the server warms after it has answered a job: a job of one case waits for that
+                # (a whole course's shapes take seconds, which the first archive would pay)
+                run_worker(server, self.release, [(items[0][0], items[0][1][:1])], self.limits)
             except Exception:  # noqa: BLE001 - a warm-up only
                 pass
 
