@@ -382,9 +382,10 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
     child when the cache has the program, 0.53 -> 0.40 when it has not).
 
     ``function(id)`` gives the exercise's function (or why there is none),
-    and is called after ``start(id)``: an answer cell that hangs is its own
-    exercise's.  ``start(id)`` is called as each exercise is traced (again
-    before a case of it that runs alone, after the program), ``phase("compile")``
+    and is called for each exercise in turn, outside the trace, after
+    ``start(id)``: an answer cell that hangs is its own exercise's.
+    ``start(id)`` is called then, again as each exercise is traced, and again
+    before a case of it that runs alone after the program; ``phase("compile")``
     once the whole job is traced, and ``report(id, results)`` with each
     exercise's results.  Cases that refuse their input while tracing
     (:class:`NotImplementedError`, the library's input checks), cases marked
@@ -403,15 +404,24 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
         results[ex_id] = res
         report(ex_id, res)
 
+    # the functions first, outside the trace: a notebook's answer cells run as they would in the
+    # notebook (a cell's own jax.numpy code computes values, not parts of the program)
+    for it in items:
+        start(it.id)
+        fn, error = function(it.id)
+        if error:
+            done(it.id, _import_error(error, len(it.inputs)))
+        else:
+            plans[it.id] = {"fn": fn, "slots": {}, "refused": {}}
+
     def together():
         outs = []
         for it, a in zip(items, args):
-            start(it.id)
-            fn, error = function(it.id)
-            if error:
-                done(it.id, _import_error(error, len(it.inputs)))
+            if it.id not in plans:
                 continue
-            plan = plans[it.id] = {"fn": fn, "slots": {}, "refused": {}}
+            start(it.id)  # again: its cases are traced now
+            plan = plans[it.id]
+            fn = plan["fn"]
             for i, x in enumerate(a):
                 if it.eager[i]:
                     continue
@@ -437,9 +447,7 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
             if it.id in results:
                 continue
             start(it.id)
-            fn, error = function(it.id)
-            done(it.id, _import_error(error, len(it.inputs)) if error
-                 else evaluate_all(fn, it.probe, it.inputs, "jax", it.id, it.eager))
+            done(it.id, evaluate_all(plans[it.id]["fn"], it.probe, it.inputs, "jax", it.id, it.eager))
         return results
     for it in items:
         if it.id in results:

@@ -108,3 +108,25 @@ def test_a_program_that_cannot_be_built_falls_back_exercise_by_exercise():
     for i, (a, b) in enumerate(zip(got[ex.id], alone)):
         _same(a, b, f"case {i}")
     assert any(r["status"] != "ok" for r in got[ex.id]) and any(r["status"] == "ok" for r in got[ex.id])
+
+
+def test_functions_are_made_outside_the_program():
+    """A notebook's answer cells run when the job asks for the function: as in the notebook, their
+    own jax.numpy code computes values (a cell that reads a number back with float() works)."""
+    import jax
+    import jax.numpy as jnp
+
+    exercises = [e for e in all_exercises().values() if e.chapter == 3][:2]
+    seen = []
+
+    def function(ex_id):
+        total = jax.jit(jnp.sum)(jnp.ones(3))  # a cell's own jitted computation: a value, not a tracer
+        seen.append(total if isinstance(total, jax.core.Tracer) else float(total))
+        return resolve(next(e.function for e in exercises if e.id == ex_id)), None
+
+    items = [JobItem(e.id, e.probe, [c.inputs for c in e.make_cases(False)], [c.eager for c in e.make_cases(False)])
+             for e in exercises]
+    got = evaluate_job(items, function)
+    assert seen == [3.0, 3.0]
+    for e in exercises:
+        assert any(r["status"] == "ok" for r in got[e.id]), (e.id, got[e.id])
