@@ -10,6 +10,8 @@ over chapter 4 (whose cases include one that runs op by op).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,72 @@ def test_functions_are_made_outside_the_program():
     assert seen == [3.0, 3.0]
     for e in exercises:
         assert any(r["status"] == "ok" for r in got[e.id]), (e.id, got[e.id])
+
+
+FORKS_ONCE = '''
+import os as _os
+_entropy_of_the_reference = entropy
+_copies = []
+
+
+def entropy(A, mask=None):
+    if not _copies:
+        _copies.append(_os.fork())  # one copy of the whole job, which goes on from here
+    return _entropy_of_the_reference(A, mask)
+'''
+
+RUN_JOB = '''
+import json, os, sys
+from attn_course.worker import run_job, _setup_jax
+_setup_jax()
+job = json.load(open(sys.argv[1]))
+with open(sys.argv[3], "a") as out:
+    run_job(job, sys.argv[2], out)
+try:
+    while True:
+        os.wait()
+except ChildProcessError:
+    pass
+'''
+
+
+def test_a_copy_forked_by_the_submission_reports_nothing(tmp_path):
+    """An answer that forks: the copy goes on through the job's code, and would report every
+    exercise after it a second time (a fork bomb's copies, reporting after the original, were
+    seen to make an honest exercise look timed out).  It ends instead, and each exercise is
+    reported once."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from attn_course import values
+    from attn_course.runner import package_files
+    from attn_course.worker import _write_package
+
+    root = Path(__file__).resolve().parents[2]
+    files = package_files(root)
+    files["attn_tensors/statmech.py"] += FORKS_ONCE
+    _write_package(files, tmp_path / "pkg")
+    exercises = [e for e in all_exercises().values() if e.chapter == 3][:3]
+    assert exercises[1].id == "3.2" and exercises[1].function.endswith(".entropy")
+    job = {"files": {}, "exercises": [{"id": e.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs)}
+                                                              for c in e.make_cases(False)]} for e in exercises]}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", RUN_JOB, str(tmp_path / "job.json"), str(tmp_path / "pkg"),
+                             str(out)], stderr=subprocess.PIPE, text=True, cwd=root, start_new_session=True)
+    try:  # (a copy that goes on compiles after a fork: XLA's threads are gone, and it may hang)
+        err = proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        err = "the job or its copy did not end within 120 s"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    reported = [json.loads(x)["id"] for x in out.read_text().splitlines() if '"results"' in x]
+    assert sorted(reported) == sorted(e.id for e in exercises), reported
