@@ -293,51 +293,17 @@ def evaluate_all(fn: Any, probe: Any, inputs: list[dict[str, Any]], backend: str
     """Every case of an exercise: on JAX, those that trace go into ONE XLA program.
 
     Compiling dominates a worker's time, so the cases are traced together in
-    one ``jit`` (inputs as constants, as in :func:`_run_probe`), each inside
-    its own ``try``: a case that raises while tracing (a check that refuses
-    its input, a stub, code that cannot be traced) is left out of the
-    program and evaluated on its own by :func:`evaluate`, exactly as before.
-    Cases marked in ``eager`` run op by op (:func:`_eager`).  On MLX each case
-    is evaluated on its own (MLX is eager anyway).
+    one ``jit`` (inputs as constants, as in :func:`_run_probe`): the job of
+    one exercise of :func:`evaluate_job`, which says what happens to the
+    cases that cannot be part of it.  On MLX each case is evaluated on its
+    own (MLX is eager anyway).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}")
     if backend == "mlx":
         return [evaluate(fn, probe, x, backend, exercise) for x in inputs]
-    eager = list(eager or [False] * len(inputs))
-    if any(eager):
-        compiled = evaluate_all(fn, probe, [x for x, e in zip(inputs, eager) if not e], backend, exercise)
-        return [_eager(fn, probe, x, exercise) if e else compiled.pop(0) for x, e in zip(inputs, eager)]
-    if len(inputs) < 2:
-        return [evaluate(fn, probe, x, backend, exercise) for x in inputs]
-    import jax
-
-    _CONCRETE_CHECK = _concrete_check_type()
-    args = [to_backend(x) for x in inputs]
-    traced: list[int] = []
-    refused: dict[int, Exception] = {}
-
-    def together():
-        outs = []
-        for i, a in enumerate(args):
-            try:
-                outs.append(probe(fn, **a))
-                traced.append(i)
-            except (NotImplementedError, _CONCRETE_CHECK) as err:
-                refused[i] = err  # raised on the concrete input: what an eager run raises too
-            except Exception:  # noqa: BLE001 - maybe a tracing artefact: this case runs on its own
-                pass
-        return outs
-
-    try:
-        program = jax.jit(together).trace()  # fills ``traced`` and ``refused``
-        outs = program.lower().compile()() if traced else []  # nothing to compile when no case traced
-        done = {i: {"status": "ok", "value": flatten(o, backend=backend if _has_array(inputs[i]) else None)}
-                for i, o in zip(traced, outs)}
-    except Exception:  # noqa: BLE001 - e.g. an output that is not an array: case by case
-        done, refused = {}, {}
-    done.update({i: _failure(err, backend, exercise) for i, err in refused.items()})
-    return [done[i] if i in done else evaluate(fn, probe, x, backend, exercise) for i, x in enumerate(inputs)]
+    item = JobItem(exercise, probe, list(inputs), list(eager or [False] * len(inputs)))
+    return evaluate_job([item], lambda ex_id: (fn, None))[exercise]
 
 
 def _import_error(error: str, n: int) -> list[dict[str, Any]]:
@@ -387,11 +353,12 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
     ``start(id)`` is called then, again as each exercise is traced, and again
     before a case of it that runs alone after the program; ``phase("compile")``
     once the whole job is traced, and ``report(id, results)`` with each
-    exercise's results.  Cases that refuse their input while tracing
-    (:class:`NotImplementedError`, the library's input checks), cases marked
-    ``eager`` and cases that cannot be traced run as :func:`evaluate_all`
-    runs them; if the program as a whole cannot be built, each exercise
-    runs on its own (:func:`evaluate_all`), with the same results.
+    exercise's results.  A case that refuses its input while tracing
+    (:class:`NotImplementedError`, the library's input checks) is reported
+    as that error; cases marked ``eager`` (:func:`_eager`) and cases that
+    cannot be traced run on their own (:func:`evaluate`).  If the program as
+    a whole cannot be built, each exercise becomes its own program, and an
+    exercise that cannot be one runs case by case, with the same results.
     """
     import jax
 
@@ -442,12 +409,14 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
         phase("compile")
         n = sum(len(p["slots"]) for p in plans.values())
         outs = program.lower().compile()() if n else []
-    except Exception:  # noqa: BLE001 - the job as a whole cannot be compiled: exercise by exercise
-        for it in items:
+    except Exception:  # noqa: BLE001 - the job as a whole cannot be compiled: each exercise as its own
+        for it in items:  # program, and an exercise that cannot be one case by case
             if it.id in results:
                 continue
             start(it.id)
-            done(it.id, evaluate_all(plans[it.id]["fn"], it.probe, it.inputs, "jax", it.id, it.eager))
+            fn = plans[it.id]["fn"]
+            done(it.id, evaluate_job([it], lambda ex_id: (fn, None))[it.id] if len(items) > 1
+                 else [(_eager if e else evaluate)(fn, it.probe, x, exercise=it.id) for x, e in zip(it.inputs, it.eager)])
         return results
     for it in items:
         if it.id in results:
