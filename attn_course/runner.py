@@ -256,8 +256,7 @@ def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = 
 
     parts = [ex.id, ex.function, result_cache.cases_digest(cases)]
     if worker_cache:  # a result read back fills no compilation cache: only one that filled this one counts
-        st = worker_cache_dir().stat()
-        parts += ["worker cache", str(worker_cache_dir()), st.st_dev, st.st_ino]
+        parts += _worker_cache_identity()
     return [Outcome.from_dict(values.decode(r)) for r in result_cache.cached("reference", parts, compute)]
 
 
@@ -283,7 +282,14 @@ def fill_worker_cache(items: list[tuple[Exercise, list[Case]]]) -> None:
             evaluate_job(job, lambda ex_id: (resolve(functions[ex_id]), None))
         return []
 
-    st = worker_cache_dir().stat()
-    parts = ["worker cache", str(worker_cache_dir()), st.st_dev, st.st_ino]
-    parts += [[ex.id, ex.function, result_cache.cases_digest(cases)] for ex, cases in items]
+    parts = _worker_cache_identity() + [[ex.id, ex.function, result_cache.cases_digest(cases)] for ex, cases in items]
     result_cache.cached("job-program", parts, compute)
+
+
+def _worker_cache_identity() -> list:
+    """Which workers' cache folder this is (path and inode): a result cached for one that was
+    filled says nothing about another, or about the same path made anew."""
+    from .xla_cache import worker_cache_dir
+
+    st = worker_cache_dir().stat()
+    return ["worker cache", str(worker_cache_dir()), st.st_dev, st.st_ino]
