@@ -348,10 +348,12 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
     child when the cache has the program, 0.53 -> 0.40 when it has not).
 
     ``function(id)`` gives the exercise's function (or why there is none),
-    and is called for each exercise in turn, outside the trace, after
-    ``start(id)``: an answer cell that hangs is its own exercise's.
-    ``start(id)`` is called then, again as each exercise is traced, and again
-    before a case of it that runs alone after the program; ``phase("compile")``
+    and is called for each exercise in turn, outside the trace, before any
+    ``start``: one that runs the submission's code (a notebook's answer
+    cells) says itself that the exercise starts, so that only code that
+    runs is ever its exercise's.  ``start(id)`` is called as each exercise
+    is traced, and again before a case of it that runs alone after the
+    program; ``phase("compile")``
     once the whole job is traced, and ``report(id, results)`` with each
     exercise's results.  A case that refuses its input while tracing
     (:class:`NotImplementedError`, the library's input checks) is reported
@@ -374,7 +376,6 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
     # the functions first, outside the trace: a notebook's answer cells run as they would in the
     # notebook (a cell's own jax.numpy code computes values, not parts of the program)
     for it in items:
-        start(it.id)
         fn, error = function(it.id)
         if error:
             done(it.id, _import_error(error, len(it.inputs)))
@@ -545,6 +546,7 @@ def run_job(job: dict, package: Path, out) -> None:
         if load_error is not None:
             return None, load_error
         if from_notebook is not None:
+            line({"start": ex_id})  # its answer cells run now
             return from_notebook.function(ex_id)
         try:
             return resolve(exercises[ex_id].function), None
