@@ -80,13 +80,31 @@ _LOCK = threading.Lock()
 _GRADERS: dict[str, "_WorkerGrader"] = {}
 
 
+def _worker_threads() -> int:
+    """How many tasks this Dask worker runs at once (1 outside a worker)."""
+    try:
+        from distributed import get_worker
+
+        return max(1, int(get_worker().state.nthreads))
+    except Exception:  # noqa: BLE001 - not in a worker, or another version: one slot
+        return 1
+
+
 class _WorkerGrader:
-    """One Grader per worker process and configuration, with a slot per worker thread."""
+    """One Grader per worker process and configuration, with a slot per worker thread.
+
+    Built by the worker's first task (or :func:`warm_worker`): the class's
+    expected values, then one worker server per thread, started and warmed
+    on the class's shapes as the local pool's are
+    (:meth:`~attn_course.grade.Grader.start_workers`), so that no archive
+    pays for starting a server (a whole course's warm-up takes seconds).
+    """
 
     def __init__(self, config: TaskConfig):
         from .grade import Grader
 
-        self.grader = Grader(None, config.spec, jobs=1, limits=config.limits, use_bwrap=config.use_bwrap,
+        threads = _worker_threads()
+        self.grader = Grader(None, config.spec, jobs=threads, limits=config.limits, use_bwrap=config.use_bwrap,
                              log=lambda *a: None, ci_secret=config.ci_secret, roster=config.roster,
                              require_token=config.require_token, notebooks=config.notebooks,
                              backend=config.backend)
@@ -94,6 +112,7 @@ class _WorkerGrader:
             raise ClusterError(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has another course "
                                "secret than the grader (ATTN_COURSE_SECRET in the workers' environment)")
         self.grader.prepare()
+        self.grader.start_workers()
         self.free: list[int] = []
         self.slots = 0
         self.lock = threading.Lock()
