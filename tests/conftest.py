@@ -27,6 +27,12 @@ if os.environ.get("ATTN_TEST_XLA_CACHE", "") != "off":
 
     _enable_cache(os.environ.get("ATTN_TEST_XLA_CACHE") or _cache_dir().parent / "xla-tests")
 
+# JAX makes a new MLIR context for each program it lowers (thousands in eager-mode
+# tests, about 3 ms and some memory each): one per thread instead (attn_course.mlir_context).
+from attn_course.mlir_context import share_mlir_context as _share  # noqa: E402
+
+_share()
+
 # The expected values and the mistakes catalogue's outputs, computed once for the
 # session and the next ones and shared by every process of the session (pytest's
 # workers, the `attn-course` commands the tests run, nbgrader's kernels), keyed by
