@@ -18,13 +18,14 @@ from typing import Callable
 from . import values
 from .diagnose import Known, explain
 from .registry import CHAPTERS, Case, Exercise, all_exercises
-from .runner import package_files, run_worker
+from .runner import Programs, package_files, run_worker
 from . import sandbox
 from .sandbox import Limits, Plain
 from .scoring import CaseResult, ExerciseResult, Outcome, Status, grade, stubbed_exercises
 from .server import WorkerServer
 from .worker import PACKAGE_DOES_NOT_IMPORT
 from .workspace import library_digest
+from .xla_cache import check_cache_dir
 
 
 def _read_cases(cases_dir: Path, exercises: list[Exercise]) -> dict:
@@ -149,10 +150,12 @@ def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None 
         if on_result is not None:
             on_result(ExerciseResult(e, graded[ex_id]), broken[ex_id])
 
-    server = WorkerServer(Plain(limits))
+    # the student's own compilation cache, one program per exercise: after an edit, the
+    # exercises whose code did not change load their programs instead of compiling them
+    server = WorkerServer(Plain(limits, check_cache_dir()))
     try:
         run_worker(server, files, [(e, public[e.id].cases) for e in exercises], limits, on_result=score,
-                   backend=backend)
+                   backend=backend, programs=Programs.EXERCISE)
     finally:
         server.close()
     for e in exercises:

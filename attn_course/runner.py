@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -35,6 +36,13 @@ def package_files(package: Path) -> dict[str, str]:
 
 
 COMPILING = "(the job's program)"  # what runs between a JAX job's tracing and its results
+
+
+class Programs(str, Enum):
+    """How a JAX job's cases are compiled (:func:`attn_course.worker.evaluate_job`)."""
+
+    JOB = "job"  # one program for the whole job: grading, whose cache holds the reference's
+    EXERCISE = "exercise"  # one per exercise: check, whose cache then keeps what an edit left unchanged
 
 
 def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | None] | None:
@@ -90,7 +98,8 @@ def describe_exit(rc: int | None) -> str:
 def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Exercise, list[Case]]],
                limits: Limits, deadline: float | None = None,
                notebook: dict | None = None, backend: str = "jax",
-               on_result: Callable[[str, list[Outcome]], None] | None = None) -> dict[str, list[Outcome]]:
+               on_result: Callable[[str, list[Outcome]], None] | None = None,
+               programs: Programs = Programs.JOB) -> dict[str, list[Outcome]]:
     """Each exercise's outcomes (one per case, or one for all when it failed as a whole).
 
     ``deadline`` (``time.monotonic()``) is the archive's budget: what has not
@@ -101,6 +110,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     ``on_result(exercise id, outcomes)`` is called as each exercise's
     outcomes are known (a progress display), in the order they arrive; it
     should be quick, since the next exercise's clock runs meanwhile.
+    ``programs``: on JAX, one program for the job or one per exercise (:class:`Programs`).
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
@@ -122,6 +132,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             job["notebook"] = notebook
         if backend != "jax":
             job["backend"] = backend
+        if programs is not Programs.JOB:
+            job["programs"] = programs.value
         current, started, verdict, done, received = None, time.monotonic(), None, None, 0
         seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
         starts = server.starts

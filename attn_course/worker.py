@@ -517,7 +517,9 @@ def import_failure(err: BaseException) -> str:
 def run_job(job: dict, package: Path, out) -> None:
     """Each exercise of the job on the package; one JSON line per exercise to ``out``.
 
-    ``job["backend"]`` ("jax" when absent, or "mlx") is the framework of the case inputs.
+    ``job["backend"]`` ("jax" when absent, or "mlx") is the framework of the case inputs;
+    on JAX, ``job["programs"]`` is "job" (when absent: the whole job as one program) or
+    "exercise" (one program per exercise, :class:`attn_course.runner.Programs`).
     """
     from .registry import all_exercises
 
@@ -556,12 +558,16 @@ def run_job(job: dict, package: Path, out) -> None:
     def report(ex_id: str, results: list[dict]) -> None:
         line({"id": ex_id, "results": values.encode(results)})
 
-    if backend == "jax":  # the whole job as one program (evaluate_job)
+    if backend == "jax":  # the whole job as one program (evaluate_job), or one per exercise
         items = [JobItem(item["id"], exercises[item["id"]].probe,
                          [values.decode(case["inputs"]) for case in item["cases"]],
                          [case.get("eager") is True for case in item["cases"]]) for item in job["exercises"]]
-        evaluate_job(items, function, start=lambda ex_id: line({"start": ex_id}),
-                     phase=lambda name: line({"phase": name}), report=report)
+        start = lambda ex_id: line({"start": ex_id})  # noqa: E731
+        if job.get("programs") == "exercise":  # an exercise's program is its own: no phase of the job
+            for it in items:
+                evaluate_job([it], function, start=start, report=report)
+        else:
+            evaluate_job(items, function, start=start, phase=lambda name: line({"phase": name}), report=report)
         return
     for item in job["exercises"]:
         ex = exercises[item["id"]]

@@ -63,6 +63,17 @@ def worker_cache_dir() -> Path:
     return path
 
 
+def check_cache_dir() -> Path:
+    """The compilation cache of ``attn-course check``'s worker: the student's own checks.
+
+    A check runs the student's own code, unconfined, on the student's own
+    machine, so its worker writes here as it compiles: the next check loads
+    every program that did not change instead of compiling it again.  A
+    folder of its own, beside the others: nothing the grader trusts reads it.
+    """
+    return cache_dir().parent / "check-xla"
+
+
 class worker_keys:
     """Within this block, programs compiled here are cached under the workers' keys."""
 

@@ -337,3 +337,33 @@ def test_notebook_test_cell_checks_the_workspace_library_and_reports_like_check(
     nb_block = text.split("attn-course check 2.1`:", 1)[1].strip()
     strip_hint = "\n".join(ln for ln in nb_block.splitlines() if not ln.strip().startswith("hint:"))
     assert strip_hint == block, (strip_hint, block)
+
+
+@pytest.mark.slow
+def test_check_keeps_each_exercises_program_in_the_students_own_cache(ws, tmp_path, monkeypatch):
+    """check compiles one program per exercise into the student's own cache (check-xla beside the
+    course's caches): a second check loads them all, and after an edit only the programs of the
+    code that changed are compiled again."""
+    from attn_course import ROOT
+    from attn_course.check import run_check
+    from attn_course.registry import select
+
+    monkeypatch.setenv("ATTN_COURSE_CACHE", str(tmp_path / "cache" / "xla"))
+    cache = tmp_path / "cache" / "check-xla"
+    for p in (ROOT / "attn_tensors").glob("*.py"):  # the whole library written
+        (ws / "attn_tensors" / p.name).write_text(p.read_text())
+    chapter = select("3")
+
+    def check() -> set[str]:
+        run = run_check(ws, chapter)
+        assert all(r.passed for r in run.results), [c.message for r in run.results for c in r.cases if not c.passed]
+        return set(os.listdir(cache))
+
+    first = check()
+    assert len(first) >= len(chapter), first  # a program per exercise (one for the job would be one)
+    assert check() == first  # nothing compiled again
+    path = ws / "attn_tensors" / "statmech.py"
+    path.write_text(path.read_text() + "\n\n_written_entropy = entropy\n\n\ndef entropy(A, mask=None):\n"
+                                       "    return _written_entropy(A, mask) + 0.0 * A[..., 0]\n")
+    new = check() - first
+    assert 1 <= len(new) < len(chapter), new  # 3.2's program (and those of what calls entropy)
