@@ -93,6 +93,30 @@ def local(batch, secret_env, tmp_path_factory):
     return out, _grade(batch, out, None)
 
 
+def _worker_servers() -> list[tuple[int, list[int]]]:
+    """On a Dask worker: for each of its graders, its slots and each server's number of starts."""
+    from attn_course import dask_pool
+
+    return [(wg.grader.jobs, [s.starts for _, s in sorted(wg.grader._servers.items())])
+            for wg in dask_pool._GRADERS.values()]
+
+
+def test_a_worker_starts_its_servers_before_its_first_archive(cluster, secret_env, tmp_path):
+    """Building a worker's grader (its first task, or warm_worker) also starts and warms one
+    worker server per thread, as the local pool does before its first archive (this test runs
+    before any archive is graded on the cluster)."""
+    from attn_course.dask_pool import TaskConfig, warm_worker
+
+    # the configuration of _grade's grader: the tests below then grade on the graders built here
+    g = Grader(tmp_path / "unused", "3", jobs=2, limits=LIMITS, log=lambda *a: None, scheduler=cluster.scheduler_address)
+    with distributed.Client(cluster.scheduler_address, set_as_default=False) as client:
+        workers = list(client.scheduler_info()["workers"])
+        client.gather([client.submit(warm_worker, TaskConfig.of(g), workers=[w], pure=False) for w in workers])
+        seen = client.run(_worker_servers)
+    for w in workers:
+        assert (1, [1]) in seen[w], (w, seen[w])  # one thread: one server, started once
+
+
 def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
     local_out, local = local
     remote = _grade(batch, tmp_path / "dask", cluster.scheduler_address)
@@ -143,26 +167,3 @@ def test_workers_with_another_secret_are_refused(batch, cluster, tmp_path, monke
     with pytest.raises(ClusterError, match="another course secret"):
         _grade(batch, tmp_path / "other", cluster.scheduler_address)
     assert not list((tmp_path / "other").glob("results/*.json"))
-
-
-def _worker_servers() -> list[tuple[int, list[int]]]:
-    """On a Dask worker: for each of its graders, its slots and each server's number of starts."""
-    from attn_course import dask_pool
-
-    return [(wg.grader.jobs, [s.starts for _, s in sorted(wg.grader._servers.items())])
-            for wg in dask_pool._GRADERS.values()]
-
-
-def test_a_worker_starts_its_servers_before_its_first_archive(cluster, secret_env, tmp_path):
-    """Building a worker's grader (its first task, or warm_worker) also starts and warms one
-    worker server per thread, as the local pool does before its first archive."""
-    from attn_course.dask_pool import TaskConfig, warm_worker
-
-    g = Grader(tmp_path / "unused", "3", jobs=2, limits=Limits(per_exercise_s=21, per_archive_s=120, cpu_s=60),
-               log=lambda *a: None, scheduler=cluster.scheduler_address)  # a configuration no other test uses
-    with distributed.Client(cluster.scheduler_address, set_as_default=False) as client:
-        workers = list(client.scheduler_info()["workers"])
-        client.gather([client.submit(warm_worker, TaskConfig.of(g), workers=[w], pure=False) for w in workers])
-        seen = client.run(_worker_servers)
-    for w in workers:
-        assert (1, [1]) in seen[w], (w, seen[w])  # one thread: one server, started once
