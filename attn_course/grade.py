@@ -128,8 +128,11 @@ class Grader:
             fill_worker_cache([(e, self._expected[e.id][2]) for e in self.exercises])
         self.cache = worker_cache_dir()
 
-    def start_workers(self) -> None:
+    def start_workers(self, count: int | None = None) -> None:
         """Start each slot's worker server and warm it on the class's case shapes (after :meth:`prepare`).
+
+        ``count``: the first ``count`` slots only (default: all ``jobs``), for a
+        run with fewer archives than slots.
 
         A server traces JAX's own operations on the shapes of the cases it has
         served, so that each later job's child starts warm
@@ -154,7 +157,8 @@ class Grader:
             except Exception:  # noqa: BLE001 - a warm-up only
                 pass
 
-        idle = [s for s in map(self._server, range(self.jobs)) if s.proc is None]
+        slots = self.jobs if count is None else max(1, min(count, self.jobs))
+        idle = [s for s in map(self._server, range(slots)) if s.proc is None]
         for server in idle:
             server.launch()
         threads = [threading.Thread(target=start, args=(s,), daemon=True) for s in idle]
@@ -387,8 +391,9 @@ class LocalPool:
         if not todo:
             return
         g.prepare()
-        g.start_workers()
-        slots = list(range(g.jobs))
+        n = min(g.jobs, len(todo))  # no more servers than archives (regrading one archive starts one)
+        g.start_workers(n)
+        slots = list(range(n))
 
         def work(archive):
             with g._lock:
