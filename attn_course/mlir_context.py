@@ -4,10 +4,9 @@ JAX lowers every program it compiles (every jitted function, and in eager
 mode every ``jax.numpy`` function at each new shape) into an MLIR module,
 and makes a fresh MLIR context for each one, loading every dialect again:
 about 3 ms a lowering, and memory that is not given back.  A process that
-runs the library op by op lowers thousands of programs (the test suite's
-library tests: about 1,100 lowerings a file), so this is where much of
-their time goes even when every program is in the persistent compilation
-cache.
+runs the library op by op lowers thousands of programs (``tests/test_edges.py``
+alone: about 1,100), so this is where much of their time goes even when
+every program is in the persistent compilation cache.
 
 :func:`share_mlir_context` makes JAX reuse one context per thread.  The
 modules, and so the programs and their cache keys, are the same; a context
@@ -17,9 +16,10 @@ files peaked at 0.7 GB instead of 3.3 GB.
 
 It changes a private function of JAX (``jax._src.interpreters.mlir.
 make_ir_context``): where that is missing, nothing changes and the call
-says so.  Only trusted processes use it (the test suite, the grader's own
-side); the sandboxed workers make one context per job and are left as JAX
-makes them.
+says so.  The test suite uses it (``tests/conftest.py``).  The sandboxed
+workers lower once per job and are left as JAX makes them (sharing made no
+measurable difference there), and so are the CLI's commands (5% on a cold
+release check, where compiling dominates).
 """
 
 from __future__ import annotations
@@ -48,6 +48,5 @@ def share_mlir_context() -> bool:
 
     make_ir_context.shared_per_thread = True
     make_ir_context.original = make  # JAX's own: a new context a call
-    make_ir_context.__doc__ = f"{make.__doc__} (one per thread: attn_course.mlir_context)"
     mlir.make_ir_context = make_ir_context
     return True

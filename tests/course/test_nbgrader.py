@@ -1,8 +1,9 @@
 """Notebooks, as instructors grade them: nbgrader validate, and confined grading.
 
 `nbgrader validate` passes on a solution notebook (nbval re-executes every
-one in ``make test``) and `--invert` on every released one.  `nbgrader autograde` (which would run students' notebooks
-unconfined) is refused by the course's nbgrader_config.py.  A class with
+one in ``make test``) and `--invert` on every released one.  `nbgrader
+autograde` (which would run students' notebooks unconfined) is refused by
+the course's nbgrader_config.py.  A class with
 honest and hostile notebooks goes through `attn-course grade --notebooks`:
 the answer cells run in the grading sandbox, the scores land in nbgrader's
 gradebook and `nbgrader export` lists them beside the library scores.

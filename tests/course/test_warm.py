@@ -84,28 +84,29 @@ def test_the_grader_switches_compilation_caches(tmp_path):
 def test_a_run_starts_no_more_servers_than_archives(tmp_path):
     """Two slots, one archive to grade: one server is started (regrading one late archive
     does not start and warm a whole pool)."""
+    from unittest import mock
+
     from attn_course import ROOT
     from attn_course.archive import build_archive, library_files
     from attn_course.grade import Grader
-    from unittest import mock
+    from attn_course.registry import all_exercises
+    from attn_course.server import WorkerServer
 
     subs = tmp_path / "submitted"
     subs.mkdir()
     build_archive(subs / "one.zip", "one", library_files(ROOT))
     g = Grader(tmp_path / "grading", "3.5", jobs=2, log=lambda *a: None, ci_secret=True, require_token=False)
     started = []
-    launch = type(g._server(0)).launch
+    launch = WorkerServer.launch
 
     def counting(server):
         started.append(server)
         launch(server)
 
     try:
-        with mock.patch.object(type(g._server(0)), "launch", counting):
+        with mock.patch.object(WorkerServer, "launch", counting):
             results = g.run(subs)
     finally:
         g.close()
-    from attn_course.registry import all_exercises
-
     assert [r.total for r in results] == [all_exercises()["3.5"].points]  # the reference: full marks
     assert len(started) == 1, started
