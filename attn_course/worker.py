@@ -729,8 +729,9 @@ def serve(scratch: str) -> int:
     all_exercises()
     warm.prime()
     libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_DUMPABLE = 4
+    PR_SET_DUMPABLE, PR_SET_PDEATHSIG = 4, 1
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    server = os.getpid()
     control_in, control_out = sys.stdin.buffer, os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)
@@ -758,6 +759,12 @@ def serve(scratch: str) -> int:
         if pid == 0:  # the child: one job
             code = 1
             try:
+                # the child dies with its server: when the grader kills a server (a time limit), a
+                # pid namespace ends its children with it, but outside one (check's Plain sandbox)
+                # the job would run on, orphaned, until its CPU limit
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != server:  # the server died before the line above
+                    os._exit(1)
                 libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
                 os.setsid()
                 log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -136,8 +137,20 @@ def test_an_error_shared_by_every_case_is_said_once(ws):
 
 
 @pytest.mark.slow
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 def test_the_time_limit_is_grading_s(ws, monkeypatch, capsys):
-    """An infinite loop is stopped at grading's per-exercise limit, and check says so.
+    """An infinite loop is stopped at grading's per-exercise limit, and check says so;
+    the stopped job does not run on after its server is killed (check has no pid namespace).
 
     The loop is in the chapter's second exercise: the first exercise of a job on a
     new server also gets the server's start-up grace (runner.START_GRACE_S)."""
@@ -146,9 +159,26 @@ def test_the_time_limit_is_grading_s(ws, monkeypatch, capsys):
     assert sandbox.GRADING_LIMITS.per_exercise_s <= 60
     short = dataclasses.replace(GRADING_LIMITS, per_exercise_s=2.0)
     monkeypatch.setattr(sandbox, "GRADING_LIMITS", short)  # what `check` reads at run time
+    scratches = []
+    command = sandbox.Plain.server_command
+
+    def recording(self):
+        argv_env = command(self)
+        scratches.append(self._scratch)
+        return argv_env
+
+    monkeypatch.setattr(sandbox.Plain, "server_command", recording)
     _replace_stub(ws, "statmech", "3.2", "    while True:\n        pass\n")
     rc = cli.main(["check", "3", "--workspace", str(ws)])
     out, err = capsys.readouterr()
+    # the server that ran the loop was killed; its job (a child in its own session) dies with it,
+    # instead of running on, orphaned, until its CPU limit (two minutes)
+    assert scratches
+    deadline = time.monotonic() + 10
+    while any(map(_processes_mentioning, scratches)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for s in scratches for p in _processes_mentioning(s)]
+    assert not left, f"processes of a stopped check outlived it: {left}"
     assert "(at most 2 s each, as in grading)" in err
     assert rc == 1
     assert "exercise 3.2 ran past the 2 s limit" in out, out
