@@ -153,6 +153,7 @@ def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None 
     # the student's own compilation cache, one program per exercise: after an edit, the
     # exercises whose code did not change load their programs instead of compiling them
     server = WorkerServer(Plain(limits, check_cache_dir()))
+    server.warm = False  # one job (or one per exercise after a crash): no later child to warm for
     try:
         run_worker(server, files, [(e, public[e.id].cases) for e in exercises], limits, on_result=score,
                    backend=backend, programs=Programs.EXERCISE)

@@ -107,6 +107,7 @@ class Grader:
         self.cache = None
         self.release = package_files(RELEASE_LIBRARY)  # the stub release, read once: archives overlay it
         self._untouched: tuple[dict, dict, bool] | None = None  # the release's own verdict (see _library)
+        self._warm = True  # whether the servers warm up (start_workers)
 
     # -- expected values, computed once, here ---------------------------------------
     def prepare(self) -> None:
@@ -128,11 +129,33 @@ class Grader:
             fill_worker_cache([(e, self._expected[e.id][2]) for e in self.exercises])
         self.cache = worker_cache_dir()
 
-    def start_workers(self, count: int | None = None) -> None:
+    def case_shapes(self) -> int:
+        """How many distinct shapes the class's case arrays have (what a server warms on; after :meth:`prepare`)."""
+        from . import values
+        from .warm import case_avals
+
+        cases = [c for e in self.exercises for c in self._expected[e.id][2] + self._expected[e.id][0]]
+        return len(case_avals({"exercises": [{"cases": [{"inputs": values.encode(c.inputs)} for c in cases]}]}))
+
+    def worth_warming(self, archives: int, slots: int) -> bool:
+        """Whether warming the servers repays itself on ``archives`` graded by ``slots`` servers.
+
+        A server's warm-up costs about 0.1 CPU-s per distinct shape of the
+        class's cases (chapter 3: 10 shapes, 1 s; the whole course: 117
+        shapes, 11 s), and saves each later archive's child 0.15-0.2 s (a
+        chapter-3 child: 0.47 -> 0.31 CPU-s).  A server warms when it has at
+        least as many archives to grade as the class has shapes: a class of
+        hundreds always, a regrade of a few late archives never.
+        """
+        return archives >= max(1, slots) * max(1, self.case_shapes())
+
+    def start_workers(self, count: int | None = None, warm: bool = True) -> None:
         """Start each slot's worker server and warm it on the class's case shapes (after :meth:`prepare`).
 
         ``count``: the first ``count`` slots only (default: all ``jobs``), for a
-        run with fewer archives than slots.
+        run with fewer archives than slots.  ``warm=False``: the servers are
+        only started, and never warm up after a job either (a run too small
+        to repay it, :meth:`worth_warming`).
 
         A server traces JAX's own operations on the shapes of the cases it has
         served, so that each later job's child starts warm
@@ -149,6 +172,8 @@ class Grader:
         def start(server: WorkerServer) -> None:
             try:
                 server.wait_ready()
+                if not warm:
+                    return
                 for backend in self.backends:
                     run_worker(server, self.release, items, self.limits, backend=backend)
                 # the server warms after it has answered a job: a job of one case waits for that
@@ -157,6 +182,9 @@ class Grader:
             except Exception:  # noqa: BLE001 - a warm-up only
                 pass
 
+        self._warm = warm
+        for server in self._servers.values():
+            server.warm = warm
         slots = self.jobs if count is None else max(1, min(count, self.jobs))
         idle = [s for s in map(self._server, range(slots)) if s.proc is None]
         for server in idle:
@@ -171,6 +199,7 @@ class Grader:
         if slot not in self._servers:
             sandbox = confinement(slot, self.limits, self.cache, self.use_bwrap)
             self._servers[slot] = WorkerServer(sandbox)
+            self._servers[slot].warm = self._warm
         return self._servers[slot]
 
     def close(self) -> None:
@@ -392,7 +421,7 @@ class LocalPool:
             return
         g.prepare()
         n = min(g.jobs, len(todo))  # no more servers than archives (regrading one archive starts one)
-        g.start_workers(n)
+        g.start_workers(n, warm=g.worth_warming(len(todo), n))
         slots = list(range(n))
 
         def work(archive):

@@ -5,7 +5,8 @@ imports Python, NumPy, JAX and the specs once, then forks one fresh child
 per job.  The protocol is one JSON line per message, over the server's
 stdin and stdout only (no shared folder):
 
-* to the server: ``{"files": {path: source}, "exercises": [...], "cpu_s": n}``;
+* to the server: ``{"files": {path: source}, "exercises": [...], "cpu_s": n}``
+  (and ``"warm": false`` when it should not warm after the job, :attr:`WorkerServer.warm`);
 * from the server: ``{"ready": true}``, then per job ``{"out": LINE}`` for
   each line the job wrote to its results channel (LINE is the job's text,
   carried as a JSON string: it cannot forge a message of the server), and
@@ -60,6 +61,9 @@ class WorkerServer:
         self._buf = b""
         self.starts = 0
         self.closed = False  # after close() no new server starts (Ctrl-C, the end of a batch)
+        # after each job the server traces JAX's operations on its cases' shapes, so that later
+        # children start warm (attn_course.warm); off where too few jobs follow to repay it
+        self.warm = True
         self._lock = threading.Lock()
 
     # -- life ---------------------------------------------------------------------
@@ -131,6 +135,8 @@ class WorkerServer:
     # -- jobs -----------------------------------------------------------------------
     def submit(self, job: dict) -> None:
         self.ensure()
+        if not self.warm:
+            job = {**job, "warm": False}
         try:
             self.proc.stdin.write((json.dumps(job, separators=(",", ":")) + "\n").encode())
             self.proc.stdin.flush()

@@ -40,6 +40,7 @@ def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax
     items = [(e, data[e.id][0] + data[e.id][2]) for e in exercises]
     limits = Limits(per_exercise_s=300, per_archive_s=7200)
     server = WorkerServer(Plain(limits, worker_cache_dir()))
+    server.warm = False  # one job: no later child to warm for
     files = package_files(package)
     try:
         raw = run_worker(server, files, items, limits, backend=backend)

@@ -710,9 +710,11 @@ def serve(scratch: str) -> int:
     line}``; when the child is gone it ends every other process of the
     sandbox, empties ``scratch`` and ``/dev/shm`` and answers ``{"done":
     status, "tail": last output line}``.  If it cannot leave the sandbox
-    clean it exits, and the grader starts a pristine one.  JAX is imported
-    here but its backend starts only in the children (XLA's threads do not
-    survive a fork).  The server is not dumpable: a child cannot ptrace it
+    clean it exits, and the grader starts a pristine one.  Then, unless the
+    job says ``"warm": false``, it traces JAX's operations on the job's
+    shapes for the children to come (:mod:`attn_course.warm`).  JAX is
+    imported here but its backend starts only in the children (XLA's
+    threads do not survive a fork).  The server is not dumpable: a child cannot ptrace it
     or open its descriptors.
     """
     import ctypes
@@ -816,7 +818,7 @@ def serve(scratch: str) -> int:
         send({"done": os.waitstatus_to_exitcode(status), "tail": tail, "clean": clean})
         if not clean:
             return 3  # something of the job would outlive it: a new sandbox for the next one
-        if job.get("backend", "jax") == "jax":  # the next child starts with these shapes traced
+        if job.get("backend", "jax") == "jax" and job.get("warm") is not False:  # the next child starts warm
             warm.warm(warm.case_avals(job), warmed)
             if warm.backend_started():
                 return 3  # XLA's threads would not survive the next fork: a new sandbox

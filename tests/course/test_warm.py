@@ -110,3 +110,60 @@ def test_a_run_starts_no_more_servers_than_archives(tmp_path):
         g.close()
     assert [r.total for r in results] == [all_exercises()["3.5"].points]  # the reference: full marks
     assert len(started) == 1, started
+
+
+def test_a_run_too_small_to_repay_warming_does_not_warm(tmp_path):
+    """One archive on a class with several case shapes: its server is started but not warmed
+    (no warm-up jobs before the archive's own, and every job tells the server not to warm after
+    it); a class with many archives per server is warmed."""
+    from unittest import mock
+
+    from attn_course import ROOT
+    from attn_course.archive import build_archive, library_files
+    from attn_course.grade import Grader
+    from attn_course.registry import all_exercises
+    from attn_course.server import WorkerServer
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    build_archive(subs / "one.zip", "one", library_files(ROOT))
+    g = Grader(tmp_path / "grading", "3", jobs=2, log=lambda *a: None, ci_secret=True, require_token=False)
+    sent = []
+    submit = WorkerServer.submit
+
+    def recording(server, job):
+        sent.append((server.warm, job))
+        submit(server, job)
+
+    try:
+        g.prepare()
+        shapes = g.case_shapes()
+        assert shapes > 1
+        assert not g.worth_warming(shapes - 1, 1) and g.worth_warming(shapes, 1)
+        assert not g.worth_warming(shapes, 2) and g.worth_warming(1000, 2)
+        with mock.patch.object(WorkerServer, "submit", recording):
+            results = g.run(subs)
+    finally:
+        g.close()
+    assert [r.total for r in results] == [sum(e.points for e in all_exercises().values() if e.chapter == 3)]
+    # the archive's hidden cases only (the reference passes them all: no public re-run), no warm-up job
+    assert len(sent) == 1 and sent[0][0] is False, [(w, [e["id"] for e in j["exercises"]]) for w, j in sent]
+
+
+def test_the_server_is_told_not_to_warm():
+    """WorkerServer.submit adds "warm": false to the job's line when the server is not to warm."""
+    import io
+    import json
+    from unittest import mock
+
+    from attn_course.sandbox import Limits, Plain
+    from attn_course.server import WorkerServer
+
+    for warm in (True, False):
+        server = WorkerServer(Plain(Limits()))
+        server.warm = warm
+        server.proc = mock.Mock(stdin=io.BytesIO())
+        with mock.patch.object(WorkerServer, "ensure", lambda self: None):
+            server.submit({"files": {}, "exercises": []})
+        line = json.loads(server.proc.stdin.getvalue())
+        assert line.get("warm", True) is warm
