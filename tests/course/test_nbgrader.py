@@ -175,12 +175,12 @@ def notebook_class(tmp_path_factory):
     return r, out
 
 
-# `attn-course grade` with a per-exercise limit of 8 s instead of grading's 30 s (as test_redteam
+# `attn-course grade` with a per-exercise limit of 5 s instead of grading's 30 s (as test_redteam
 # grades): the infinite loop is stopped sooner, and an honest exercise (well under a second) still
 # has more than ten times what it needs; check's own use of the limit is tested in test_check
 GRADE_WITH_LIMIT = ("import dataclasses, sys\n"
                     "import attn_course.grade as grade\n"
-                    "grade.GRADING_LIMITS = dataclasses.replace(grade.GRADING_LIMITS, per_exercise_s=8.0)\n"
+                    "grade.GRADING_LIMITS = dataclasses.replace(grade.GRADING_LIMITS, per_exercise_s=5.0)\n"
                     "from attn_course.cli import main\n"
                     "sys.exit(main(sys.argv[1:]))\n")
 
