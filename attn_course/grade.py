@@ -141,7 +141,7 @@ class Grader:
         """Whether warming the servers repays itself on ``archives`` graded by ``slots`` servers.
 
         A server's warm-up costs about 0.1 CPU-s per distinct shape of the
-        class's cases (chapter 3: 10 shapes, 1 s; the whole course: 117
+        class's cases (chapter 3: 9 shapes, 1 s; the whole course: 117
         shapes, 11 s), and saves each later archive's child 0.15-0.2 s (a
         chapter-3 child: 0.47 -> 0.31 CPU-s).  A server warms when it has at
         least as many archives to grade as the class has shapes: a class of
