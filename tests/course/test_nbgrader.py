@@ -1,7 +1,8 @@
 """Notebooks, as instructors grade them: nbgrader validate, and confined grading.
 
 `nbgrader validate` passes on a solution notebook (nbval re-executes every
-one in ``make test``) and `--invert` on every released one.  `nbgrader
+one in ``make test``), and nbgrader's validator with ``--invert`` on every
+released one (all in one process).  `nbgrader
 autograde` (which would run students' notebooks unconfined) is refused by
 the course's nbgrader_config.py.  A class with
 honest and hostile notebooks goes through `attn-course grade --notebooks`:
@@ -48,11 +49,28 @@ def test_validate_passes_on_a_solution():
     assert out.count("Success! Your notebook passes all the tests.") == len(paths), out[-3000:]
 
 
-def test_validate_invert_passes_on_the_release():
+def test_validate_invert_passes_on_the_release(tmp_path):
+    """nbgrader's validator with ``--invert`` on every released notebook: no test cell passes.
+
+    nbgrader's own Validator decides, with every notebook run in one process
+    (tests/course/nbvalidate_one_process.py) instead of a kernel each, which
+    cost the suite about 30 s; the command with its kernel runs in
+    :func:`test_validate_passes_on_a_solution`.  A copy of chapter 3 with
+    one answer written in must be reported (the check can fail).
+    """
     paths = [f"exercises/ch{c:02d}/ch{c:02d}.ipynb" for c in CHAPTERS]
-    r = nbgrader("validate", "--invert", *paths)
+    nb = json.loads((ROOT / "exercises/ch03/ch03.ipynb").read_text())
+    solved = _cells(json.loads((ROOT / "solutions/ch03/ch03.ipynb").read_text()))
+    _cells(nb)["ex-3-2-answer"]["source"] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION\n", "",
+                                                   "".join(solved["ex-3-2-answer"]["source"]), flags=re.M)
+    answered = tmp_path / "ch03.ipynb"
+    answered.write_text(json.dumps(nb))
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("nbvalidate_one_process.py")), "--invert",
+                        *paths, str(answered)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1200)
     out = r.stdout + r.stderr
-    assert out.count("Success! The notebook does not pass any tests.") == len(paths), out[-3000:]
+    assert r.returncode == 0 and out.count("Success! The notebook does not pass any tests.") == len(paths), out[-3000:]
+    assert "NOTEBOOK PASSED ON 1 CELL(S)!" in out, out[-3000:]
+    assert 'The following cell passed:\n\n    check("3.2", entropy)' in out, out[-3000:]
 
 
 def _cells(nb):
