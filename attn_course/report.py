@@ -9,7 +9,9 @@ Hidden cases' messages are fixed sentences already (:mod:`attn_course.scoring`).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -116,7 +118,12 @@ def feedback_text(r, exercises: list[Exercise], row: GradeRow | None = None,
     return "\n".join(out)
 
 
-def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None) -> None:
+# what the figure depends on besides the scores: bump when _histograms draws something else
+_FIGURE = "histograms-1"
+
+
+def _histograms(best: dict, exercises: list[Exercise], n: int, maxp: float) -> bytes:
+    """The totals' histogram above one per exercise, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,28 +132,18 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
 
     import textwrap
 
-    from .class_stats import mistake_counts, totals
-
-    rejected = [r for r in results if r.rejected]
-    n = len(exercises)
-    cols = min(n, 5)
-    rows = (n + cols - 1) // cols
-    maxp = sum(e.points for e in exercises)
-    tot = totals(best, exercises)
+    cols = min(len(exercises), 5)
+    rows = (len(exercises) + cols - 1) // cols
     fig = plt.figure(figsize=(3.2 * cols, 2.8 * (rows + 1)))
     grid = fig.add_gridspec(rows + 1, cols)
     ax = fig.add_subplot(grid[0, :])
     t = [sum(r.scores.get(e.id, 0.0) for e in exercises) for r in best.values()]
     ax.hist(t, bins=min(max(maxp, 1), 40) if t else 1, range=(0, maxp) if maxp else None, color="#55a868")
-    ax.set_title(f"Totals ({tot.n} students, out of {maxp:g} points)", fontsize=10)
+    ax.set_title(f"Totals ({n} students, out of {maxp:g} points)", fontsize=10)
     ax.set_xlabel("total points", fontsize=8)
     ax.set_ylabel("students", fontsize=8)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=7)
-    lines = [f"# Class report ({len(best)} students, {len(rejected)} rejected archives)", "",
-             f"Totals out of {maxp:g}: mean {tot.mean:.2f}, median {tot.median:g}, {tot.full} with full marks, "
-             f"{tot.zero} with none.", "",
-             "| exercise | points | mean | full marks | zero |", "|---|---|---|---|---|"]
     for k, e in enumerate(exercises):
         ax = fig.add_subplot(grid[1 + k // cols, k % cols])
         s = [r.scores.get(e.id, 0.0) for r in best.values()]
@@ -156,13 +153,53 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
         ax.set_xticks(range(e.points + 1))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # students are counted in whole numbers
         ax.tick_params(labelsize=7)
-        mean = sum(s) / len(s) if s else 0.0
-        lines.append(f"| {e.id} | {e.points} | {mean:.2f} | {sum(x == e.points for x in s)} | {sum(x == 0 for x in s)} |")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    atomic_write(out / "histograms.png", buf.getvalue())
+    return buf.getvalue()
+
+
+def write_histograms(out: Path, best: dict, exercises: list[Exercise], n: int, maxp: float) -> bool:
+    """``out/histograms.png``, drawn only when what it shows changed; True when it was drawn.
+
+    Drawing costs about 0.6 CPU-s for a chapter and 5 for the whole course
+    (plus 0.9 to import matplotlib), and most runs after the first (resume,
+    a late archive that changes nothing shown) would draw the same picture:
+    ``out/.histograms.key`` keeps a digest of what the figure shows and one
+    of the file written, and a figure whose file is still that one is kept.
+    """
+    path, keyfile = out / "histograms.png", out / ".histograms.key"
+    shown = json.dumps([_FIGURE, n, maxp, [[e.id, e.title, e.points] for e in exercises],
+                        sorted([r.scores.get(e.id, 0.0) for e in exercises] for r in best.values())])
+    want = hashlib.sha256(shown.encode()).hexdigest()
+    try:
+        key, png = keyfile.read_text().split()
+        if key == want and hashlib.sha256(path.read_bytes()).hexdigest() == png:
+            return False
+    except (OSError, ValueError):
+        pass
+    data = _histograms(best, exercises, n, maxp)
+    atomic_write(path, data)
+    atomic_write(keyfile, f"{want} {hashlib.sha256(data).hexdigest()}\n")
+    return True
+
+
+def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None) -> None:
+    from .class_stats import mistake_counts, totals
+
+    rejected = [r for r in results if r.rejected]
+    maxp = sum(e.points for e in exercises)
+    tot = totals(best, exercises)
+    write_histograms(out, best, exercises, tot.n, maxp)
+    lines = [f"# Class report ({len(best)} students, {len(rejected)} rejected archives)", "",
+             f"Totals out of {maxp:g}: mean {tot.mean:.2f}, median {tot.median:g}, {tot.full} with full marks, "
+             f"{tot.zero} with none.", "",
+             "| exercise | points | mean | full marks | zero |", "|---|---|---|---|---|"]
+    for e in exercises:
+        s = [r.scores.get(e.id, 0.0) for r in best.values()]
+        mean = sum(s) / len(s) if s else 0.0
+        lines.append(f"| {e.id} | {e.points} | {mean:.2f} | {sum(x == e.points for x in s)} | {sum(x == 0 for x in s)} |")
     mistakes = mistake_counts(best, exercises)
     if mistakes:
         lines += ["", "## Catalogued mistakes, most frequent first", "",

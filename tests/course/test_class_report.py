@@ -54,3 +54,26 @@ def test_mistakes_are_ranked_by_how_many_students_make_them(tmp_path):
     assert len(rows) == 2 and report.index(rows[0]) < report.index(rows[1]), report
     assert f"Totals out of {maxp:g}" in report
     assert (tmp_path / "histograms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_figure_is_drawn_again_only_when_what_it_shows_changed(tmp_path, monkeypatch):
+    import attn_course.report as report
+
+    drawn = []
+    real = report._histograms
+    monkeypatch.setattr(report, "_histograms", lambda *a: drawn.append(1) or real(*a))
+    best = {"a": _graded("a", {}), "b": _graded("b", {"3.1": for_exercise("3.1")[0].key})}
+    png = tmp_path / "histograms.png"
+    write_outputs(tmp_path, list(best.values()), EX)
+    first = png.read_bytes()
+    write_outputs(tmp_path, list(reversed(best.values())), EX)  # the same class (a rerun that graded nothing)
+    assert len(drawn) == 1 and png.read_bytes() == first
+    best["c"] = _graded("c", {})  # one more student: another picture
+    write_outputs(tmp_path, list(best.values()), EX)
+    assert len(drawn) == 2 and png.read_bytes() != first
+    png.write_bytes(b"not the grader's figure")  # a file that is not the one written is replaced
+    write_outputs(tmp_path, list(best.values()), EX)
+    assert len(drawn) == 3 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png.unlink()
+    write_outputs(tmp_path, list(best.values()), EX)
+    assert len(drawn) == 4 and png.exists()

@@ -206,7 +206,9 @@ def graded(tmp_path_factory):
         sid = name.replace("_", "-")
         build_archive(subs / f"{name}.zip", sid, files, token=token_for(sid, SECRET))
     lines: list[str] = []
-    limits = Limits(per_exercise_s=8, per_archive_s=300, cpu_s=60, file_mb=16, scratch_mb=32)
+    # 5 s an exercise, as test_redteam: the stopped server waits that long, and an honest exercise
+    # (well under a second, its leak hunts included) still has ten times what it needs
+    limits = Limits(per_exercise_s=5, per_archive_s=300, cpu_s=60, file_mb=16, scratch_mb=32)
     g = Grader(out, "3", jobs=1, limits=limits, log=lines.append)
     try:
         results = g.run(subs)
