@@ -27,6 +27,19 @@ if os.environ.get("ATTN_TEST_XLA_CACHE", "") != "off":
 
     _enable_cache(os.environ.get("ATTN_TEST_XLA_CACHE") or _cache_dir().parent / "xla-tests")
 
+def compile_cache_env() -> dict[str, str]:
+    """Environment variables that give a fresh interpreter (a snippet run as a reader runs it)
+    the suite's compilation cache: its programs are loaded instead of compiled (about half of
+    a short snippet's 4 s), with the same results; empty when the cache is off."""
+    import jax as _jax
+
+    folder = _jax.config.jax_compilation_cache_dir
+    if not folder:
+        return {}
+    return {"JAX_COMPILATION_CACHE_DIR": str(folder), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 # JAX makes a new MLIR context for each program it lowers (thousands in eager-mode
 # tests, about 3 ms and some memory each): one per thread instead (attn_course.mlir_context).
 from attn_course.mlir_context import share_mlir_context as _share  # noqa: E402

@@ -35,7 +35,7 @@ from attn_tensors.gradients import (
     verify_gradients,
 )
 from attn_tensors.softmax import softmax
-from conftest import assert_close, requires_mlx, to_backend, to_np
+from conftest import assert_close, compile_cache_env, requires_mlx, to_backend, to_np
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = AttentionGrads._fields  # dL_dQ dL_dK dL_dV dL_dA dL_dS dL_dg
@@ -336,7 +336,7 @@ def seed_qkv():
 @pytest.mark.slow
 def test_seed_snippet_prints_the_seed_dict_in_a_fresh_interpreter():
     """The README snippet, run as a user runs it (JAX float32), prints the seed dict."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"} | compile_cache_env()
     out = subprocess.run([sys.executable, "-c", SEED_SNIPPET], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

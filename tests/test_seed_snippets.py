@@ -1,7 +1,8 @@
 """The seed documents' attn_tensors snippets run as printed, in a fresh interpreter.
 
 Each snippet runs in its own process with JAX's defaults (float32, no x64),
-exactly as a reader would paste it.  A ``print(...)  # expected`` line must
+exactly as a reader would paste it (with the suite's compilation cache, which
+changes how fast programs are had, not what they compute).  A ``print(...)  # expected`` line must
 print what its comment says.
 """
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import compile_cache_env
 
 HERE = pathlib.Path(__file__).parent / "seed_snippets"
 SEEDS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "seeds"
@@ -34,7 +36,7 @@ def test_there_are_snippets():
 @pytest.mark.parametrize("path", SNIPPETS, ids=[p.name for p in SNIPPETS])
 def test_snippet_runs_as_printed(path):
     code = path.read_text()
-    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", **compile_cache_env()}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     printed = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
