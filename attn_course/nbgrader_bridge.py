@@ -83,6 +83,10 @@ def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebook
     from nbgrader.api import Gradebook
     from sqlalchemy.exc import SAWarning
 
+    from .nbgrader_db import fast_alembic_head
+
+    fast_alembic_head()  # a new gradebook without a second Python for `alembic heads`
+
     if db_url.startswith("sqlite:///"):
         Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     groups = [("library", "library", "{label}", exercises, "scores")]

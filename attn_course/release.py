@@ -182,6 +182,9 @@ def _nbgrader_api(root: Path):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
+    from .nbgrader_db import fast_alembic_head
+
+    fast_alembic_head()  # its gradebook is made without a second Python for `alembic heads`
     # nbgrader runs `alembic` as a command: this environment's bin must be on PATH
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,29 @@ def test_release_comparison_allows_rounding_only():
     assert not _close(enc([1e-9, 3.0]), enc([1e-9, 3.0 * (1 + 1e-9)]))
     assert not _close(enc([1e-9]), enc([2e-9 + 1e-12]))
     assert not _close(enc([1.0]), enc([np.nan]))
+
+
+def test_a_new_gradebook_is_stamped_with_nbgraders_newest_migration(tmp_path):
+    """nbgrader stamps a new gradebook with its newest migration, which it asks the `alembic heads`
+    command for (4-5 s); the course reads it in-process (attn_course.nbgrader_db). Here it is
+    found from nbgrader's migration files: the one revision no other revises."""
+    import re
+    import sqlite3
+
+    import nbgrader
+
+    from attn_course.nbgrader_bridge import write_gradebook
+    from attn_course.nbgrader_db import alembic_head
+    from attn_course.registry import select
+
+    revises = {}
+    for f in (Path(nbgrader.__file__).parent / "alembic" / "versions").glob("*.py"):
+        text = f.read_text()
+        rev = re.search(r"^revision = '(\w+)'", text, re.M).group(1)
+        revises[rev] = re.search(r"^down_revision = (?:'(\w+)'|None)", text, re.M).group(1)
+    (newest,) = set(revises) - set(revises.values())
+    assert len(revises) >= 6 and alembic_head() == newest
+    db = tmp_path / "gradebook.db"
+    write_gradebook(f"sqlite:///{db}", {}, select("3.1"))
+    with sqlite3.connect(db) as con:
+        assert con.execute("select version_num from alembic_version").fetchall() == [(newest,)]
