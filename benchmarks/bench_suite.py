@@ -1,0 +1,73 @@
+"""Time the test suite without the book on this machine, as issue 14 measures it.
+
+Runs ``pytest -n 2 --dist loadfile -p no:nbval -m "not book"`` (the first
+step of ``make test`` without the book's tests) and prints its wall time,
+the CPU time the kernel charged to it and every process it started (a
+cgroup, :mod:`_cpu`; sandboxed workers, Dask workers and notebook kernels
+included), how busy that kept the two cores, and the test files that took
+longest (their tests' durations summed).  Target: at most 240 s of wall time
+on 2 cores.  The first run after a change of the course's code is partly
+cold (the result cache's keys cover that code): run it twice and read the
+second.  Timings on a shared machine vary by about 10 s from run to run.
+
+    python benchmarks/bench_suite.py [--workers 2] [--top 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cpu import CpuMeter  # noqa: E402
+
+TARGET_S = 240.0
+DURATION = re.compile(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+?)::")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (make test uses 2)")
+    ap.add_argument("--top", type=int, default=12, help="how many of the longest test files to list")
+    a = ap.parse_args()
+    cmd = [sys.executable, "-m", "pytest", "-n", str(a.workers), "--dist", "loadfile", "-p", "no:nbval",
+           "-m", "not book", "-q", "--durations=0"]
+    env = dict(os.environ, ATTN_REQUIRE_MLX="1", ATTN_REQUIRE_BWRAP="1", PYTHONHASHSEED="0",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    meter = CpuMeter("attn-bench-suite")
+    try:
+        meter.start()
+        t = time.perf_counter()
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        cpu = meter.seconds()
+    finally:
+        meter.close()
+    lines = r.stdout.splitlines()
+    per_file: collections.Counter = collections.Counter()
+    for line in lines:
+        m = DURATION.match(line)
+        if m:
+            per_file[m.group(2)] += float(m.group(1))
+    summary = next((ln for ln in reversed(lines) if " passed" in ln or " failed" in ln), "(no summary)")
+    print(f"suite without the book, {a.workers} workers: {summary.strip('= ')}")
+    print(f"  wall {wall:.1f} s; tests' durations summed {sum(per_file.values()):.0f} s")
+    if cpu is not None:
+        cores = os.cpu_count() or 1
+        print(f"  CPU {cpu:.0f} core-s (measured), {100 * cpu / (wall * cores):.0f}% of {cores} cores")
+    for f, s in per_file.most_common(a.top):
+        print(f"  {s:6.1f} s  {f}")
+    print(f"target: at most {TARGET_S:g} s -> {'met' if wall <= TARGET_S else 'NOT met'} ({wall:.1f} s)")
+    return r.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
