@@ -31,9 +31,7 @@ def compile_cache_env() -> dict[str, str]:
     """Environment variables that give a fresh interpreter (a snippet run as a reader runs it)
     the suite's compilation cache: its programs are loaded instead of compiled (about half of
     a short snippet's 4 s), with the same results; empty when the cache is off."""
-    import jax as _jax
-
-    folder = _jax.config.jax_compilation_cache_dir
+    folder = jax.config.jax_compilation_cache_dir
     if not folder:
         return {}
     return {"JAX_COMPILATION_CACHE_DIR": str(folder), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

@@ -81,21 +81,27 @@ def test_the_grader_switches_compilation_caches(tmp_path):
     assert list(a.iterdir()) and list(b.iterdir()), "the second program was not cached in the second folder"
 
 
+def _one_archive_class(tmp_path, spec: str):
+    """A class of one archive (the reference library) and a two-slot grader for exercises ``spec``."""
+    from attn_course import ROOT
+    from attn_course.archive import build_archive, library_files
+    from attn_course.grade import Grader
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    build_archive(subs / "one.zip", "one", library_files(ROOT))
+    return subs, Grader(tmp_path / "grading", spec, jobs=2, log=lambda *a: None, ci_secret=True, require_token=False)
+
+
 def test_a_run_starts_no_more_servers_than_archives(tmp_path):
     """Two slots, one archive to grade: one server is started (regrading one late archive
     does not start and warm a whole pool)."""
     from unittest import mock
 
-    from attn_course import ROOT
-    from attn_course.archive import build_archive, library_files
-    from attn_course.grade import Grader
     from attn_course.registry import all_exercises
     from attn_course.server import WorkerServer
 
-    subs = tmp_path / "submitted"
-    subs.mkdir()
-    build_archive(subs / "one.zip", "one", library_files(ROOT))
-    g = Grader(tmp_path / "grading", "3.5", jobs=2, log=lambda *a: None, ci_secret=True, require_token=False)
+    subs, g = _one_archive_class(tmp_path, "3.5")
     started = []
     launch = WorkerServer.launch
 
@@ -118,16 +124,10 @@ def test_a_run_too_small_to_repay_warming_does_not_warm(tmp_path):
     it); a class with many archives per server is warmed."""
     from unittest import mock
 
-    from attn_course import ROOT
-    from attn_course.archive import build_archive, library_files
-    from attn_course.grade import Grader
     from attn_course.registry import all_exercises
     from attn_course.server import WorkerServer
 
-    subs = tmp_path / "submitted"
-    subs.mkdir()
-    build_archive(subs / "one.zip", "one", library_files(ROOT))
-    g = Grader(tmp_path / "grading", "3", jobs=2, log=lambda *a: None, ci_secret=True, require_token=False)
+    subs, g = _one_archive_class(tmp_path, "3")
     sent = []
     submit = WorkerServer.submit
 
