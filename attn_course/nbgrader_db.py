@@ -6,7 +6,7 @@ command: a second Python that imports alembic and nbgrader, about 4-5 s,
 for every new gradebook (each ``attn-course grade --notebooks`` into a new
 folder, each ``make release``).  :func:`fast_alembic_head` has nbgrader ask
 alembic's own ``ScriptDirectory`` for that revision in this process (a few
-milliseconds; the same answer: ``tests/course/test_nbgrader.py``), and keeps
+milliseconds; the same answer: ``tests/course/test_release.py``), and keeps
 the command where that cannot be done.
 """
 
