@@ -9,6 +9,10 @@ STAMP  := $(VENV)/.installed
 # nbgrader runs `alembic` as a command: the environment's bin must be on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONHASHSEED := 0
+# Python's bytecode caches (gitignored) are written even where PYTHONDONTWRITEBYTECODE is set:
+# without them each pytest process rewrites the asserts of every test file again (4-5 s)
+# and every worker and command compiles the course's modules again.
+unexport PYTHONDONTWRITEBYTECODE
 
 # Debian packages: TeX Live for the PDF, Chromium and poppler for the reader tests,
 # bubblewrap for the grading sandbox.

@@ -42,6 +42,7 @@ def main() -> int:
            "-m", "not book", "-q", "--durations=0"]
     env = dict(os.environ, ATTN_REQUIRE_MLX="1", ATTN_REQUIRE_BWRAP="1", PYTHONHASHSEED="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as the Makefile: bytecode caches are written
     meter = CpuMeter("attn-bench-suite")
     try:
         meter.start()
