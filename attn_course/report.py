@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -118,71 +117,39 @@ def feedback_text(r, exercises: list[Exercise], row: GradeRow | None = None,
     return "\n".join(out)
 
 
-# what the figure depends on besides the scores: bump when _histograms draws something else
-_FIGURE = "histograms-1"
-
-
-def _histograms(best: dict, exercises: list[Exercise], n: int, maxp: float) -> bytes:
-    """The totals' histogram above one per exercise, as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    import textwrap
-
-    cols = min(len(exercises), 5)
-    rows = (len(exercises) + cols - 1) // cols
-    fig = plt.figure(figsize=(3.2 * cols, 2.8 * (rows + 1)))
-    grid = fig.add_gridspec(rows + 1, cols)
-    ax = fig.add_subplot(grid[0, :])
-    t = [sum(r.scores.get(e.id, 0.0) for e in exercises) for r in best.values()]
-    ax.hist(t, bins=min(max(maxp, 1), 40) if t else 1, range=(0, maxp) if maxp else None, color="#55a868")
-    ax.set_title(f"Totals ({n} students, out of {maxp:g} points)", fontsize=10)
-    ax.set_xlabel("total points", fontsize=8)
-    ax.set_ylabel("students", fontsize=8)
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.tick_params(labelsize=7)
-    for k, e in enumerate(exercises):
-        ax = fig.add_subplot(grid[1 + k // cols, k % cols])
-        s = [r.scores.get(e.id, 0.0) for r in best.values()]
-        ax.hist(s, bins=[x - 0.5 for x in range(e.points + 2)] if s else 1, color="#4c72b0", rwidth=0.85)
-        ax.set_title("\n".join(textwrap.wrap(f"{e.id}: {e.title}", 34, max_lines=2, placeholder="...")), fontsize=8)
-        ax.set_xlabel("score", fontsize=7)
-        ax.set_xticks(range(e.points + 1))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # students are counted in whole numbers
-        ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def write_histograms(out: Path, best: dict, exercises: list[Exercise], n: int, maxp: float) -> bool:
-    """``out/histograms.png``, drawn only when what it shows changed; True when it was drawn.
+    """``out/histograms.svg`` (:mod:`attn_course.histograms`); True when the file was (re)written.
 
-    Drawing costs about 0.6 CPU-s for a chapter and 5 for the whole course
-    (plus 0.9 to import matplotlib), and most runs after the first (resume,
-    a late archive that changes nothing shown) would draw the same picture:
-    ``out/.histograms.key`` keeps a digest of what the figure shows and one
-    of the file written, and a figure whose file is still that one is kept.
+    A rerun that changes nothing shown (a resume, a late archive with the
+    same scores) leaves the file as it was.  The PNG an earlier version drew
+    (``histograms.png`` with its ``.histograms.key``) is removed where the key
+    shows it is still the file that version wrote.
     """
-    path, keyfile = out / "histograms.png", out / ".histograms.key"
-    shown = json.dumps([_FIGURE, n, maxp, [[e.id, e.title, e.points] for e in exercises],
-                        sorted([r.scores.get(e.id, 0.0) for e in exercises] for r in best.values())])
-    want = hashlib.sha256(shown.encode()).hexdigest()
+    from .histograms import class_histograms
+
+    totals = [sum(r.scores.get(e.id, 0.0) for e in exercises) for r in best.values()]
+    svg = class_histograms(totals, maxp, [(e.id, e.title, e.points, [r.scores.get(e.id, 0.0) for r in best.values()])
+                                          for e in exercises]).encode()
+    _remove_old_png(out)
+    path = out / "histograms.svg"
     try:
-        key, png = keyfile.read_text().split()
-        if key == want and hashlib.sha256(path.read_bytes()).hexdigest() == png:
+        if path.read_bytes() == svg:
             return False
+    except OSError:
+        pass
+    atomic_write(path, svg)
+    return True
+
+
+def _remove_old_png(out: Path) -> None:
+    png, keyfile = out / "histograms.png", out / ".histograms.key"
+    try:
+        _, digest = keyfile.read_text().split()
+        if hashlib.sha256(png.read_bytes()).hexdigest() == digest:
+            png.unlink()
+        keyfile.unlink()
     except (OSError, ValueError):
         pass
-    data = _histograms(best, exercises, n, maxp)
-    atomic_write(path, data)
-    atomic_write(keyfile, f"{want} {hashlib.sha256(data).hexdigest()}\n")
-    return True
 
 
 def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None) -> None:
@@ -226,5 +193,5 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
         missing = [s for s in roster.ids if s not in best]
         if missing:
             lines += ["", "## On the roster, no accepted archive", ""] + [f"* {md_inline(s, 64)}" for s in missing]
-    lines += ["", "![totals and per-exercise scores](histograms.png)", ""]
+    lines += ["", "![totals and per-exercise scores](histograms.svg)", ""]
     atomic_write(out / "report.md", "\n".join(lines))

@@ -53,27 +53,83 @@ def test_mistakes_are_ranked_by_how_many_students_make_them(tmp_path):
     rows = [line for line in report.splitlines() if line.startswith("| 3 | 3.1 |") or line.startswith("| 2 | 3.2 |")]
     assert len(rows) == 2 and report.index(rows[0]) < report.index(rows[1]), report
     assert f"Totals out of {maxp:g}" in report
-    assert (tmp_path / "histograms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "](histograms.svg)" in report
+    assert sum(_bars(tmp_path / "histograms.svg")[0].values()) == 5  # the totals: every student once
 
 
-def test_the_figure_is_drawn_again_only_when_what_it_shows_changed(tmp_path, monkeypatch):
-    import attn_course.report as report
+SVG = "{http://www.w3.org/2000/svg}"
 
-    drawn = []
-    real = report._histograms
-    monkeypatch.setattr(report, "_histograms", lambda *a: drawn.append(1) or real(*a))
+
+def _bars(path) -> list[dict[float, int]]:
+    """Each panel's bars of the figure, {left edge: students}, with every bar's height checked
+    to be in proportion to its count (one scale per panel)."""
+    import xml.etree.ElementTree as ET
+
+    panels = []
+    for g in ET.parse(path).getroot().iter(f"{SVG}g"):
+        bars = [b for b in g.iter(f"{SVG}rect") if b.get("class") == "bar"]
+        scale = [float(b.get("height")) / int(b.get("data-count")) for b in bars]
+        assert not scale or max(scale) - min(scale) < 0.01, scale  # coordinates are written to 0.01
+        panels.append({float(b.get("data-lo")): int(b.get("data-count")) for b in bars})
+    return panels
+
+
+def test_the_figure_counts_what_numpy_counts(tmp_path):
+    """Totals over [0, max] in min(max, 40) bins, each exercise in whole points (a partial
+    score to the nearest point): every bar's count is numpy.histogram's, and titles fit."""
+    import re
+
+    import numpy as np
+
+    from attn_course.results import ArchiveResult
+
+    rng = np.random.default_rng(5)
+    results = []
+    for k in range(37):
+        r = ArchiveResult(f"s{k}.zip", "", "fp", [e.id for e in EX], received=1.0, student_id=f"s{k}", identity="ok")
+        for e in EX:  # whole points, partial credit (2.4, 2.5, 0.4) and full marks
+            r.scores[e.id] = float(rng.choice([0, e.points, round(rng.uniform(0, e.points), 1), 2.5, 0.4]))
+        results.append(r)
+    write_outputs(tmp_path, results, EX)
+    panels = _bars(tmp_path / "histograms.svg")
+    assert len(panels) == 1 + len(EX)
+    maxp = sum(e.points for e in EX)
+    totals = [sum(r.scores.values()) for r in results]
+    counts, edges = np.histogram(totals, bins=min(maxp, 40), range=(0, maxp))
+    assert panels[0] == {float(lo): int(c) for lo, c in zip(edges, counts) if c}  # 12 points: whole edges
+    for e, bars in zip(EX, panels[1:]):
+        counts, edges = np.histogram([r.scores[e.id] for r in results], bins=np.arange(e.points + 2) - 0.5)
+        assert bars == {float(lo): int(c) for lo, c in zip(edges, counts) if c}, e.id
+        assert sum(bars.values()) == len(results)
+    text = (tmp_path / "histograms.svg").read_text()
+    titles = re.findall(r'<text class="title"[^>]*>([^<]*)</text>', text)
+    assert titles[0] == f"Totals (37 students, out of {maxp} points)"
+    assert all(len(t) <= 34 for t in titles[1:]) and len(titles) > len(EX), titles
+
+
+def test_the_figure_is_written_again_only_when_what_it_shows_changed(tmp_path):
+    import hashlib
+
     best = {"a": _graded("a", {}), "b": _graded("b", {"3.1": for_exercise("3.1")[0].key})}
-    png = tmp_path / "histograms.png"
+    svg = tmp_path / "histograms.svg"
     write_outputs(tmp_path, list(best.values()), EX)
-    first = png.read_bytes()
+    first, stamp = svg.read_bytes(), svg.stat().st_mtime_ns
     write_outputs(tmp_path, list(reversed(best.values())), EX)  # the same class (a rerun that graded nothing)
-    assert len(drawn) == 1 and png.read_bytes() == first
+    assert svg.read_bytes() == first and svg.stat().st_mtime_ns == stamp
     best["c"] = _graded("c", {})  # one more student: another picture
     write_outputs(tmp_path, list(best.values()), EX)
-    assert len(drawn) == 2 and png.read_bytes() != first
-    png.write_bytes(b"not the grader's figure")  # a file that is not the one written is replaced
+    assert svg.read_bytes() != first and "Totals (3 students" in svg.read_text()
+    svg.write_bytes(b"not the grader's figure")  # a file that is not the one it would write is replaced
     write_outputs(tmp_path, list(best.values()), EX)
-    assert len(drawn) == 3 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    png.unlink()
+    assert svg.read_bytes().startswith(b"<svg")
+    # the PNG an earlier version drew is removed when its key says it is that version's file,
+    # and a PNG that is not (one a person put there) is kept
+    png, key = tmp_path / "histograms.png", tmp_path / ".histograms.key"
+    png.write_bytes(b"\x89PNG old")
+    key.write_text(f"{'0' * 64} {hashlib.sha256(png.read_bytes()).hexdigest()}\n")
     write_outputs(tmp_path, list(best.values()), EX)
-    assert len(drawn) == 4 and png.exists()
+    assert not png.exists() and not key.exists()
+    png.write_bytes(b"\x89PNG someone's")
+    key.write_text(f"{'0' * 64} {'1' * 64}\n")
+    write_outputs(tmp_path, list(best.values()), EX)
+    assert png.read_bytes() == b"\x89PNG someone's"
