@@ -80,6 +80,9 @@ def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebook
     """The library scores as assignment ``library``; notebook scores as ``chNN``."""
     import warnings
 
+    from .quick_imports import skip_iri_parsers
+
+    skip_iri_parsers()
     from nbgrader.api import Gradebook
     from sqlalchemy.exc import SAWarning
 
@@ -117,6 +120,9 @@ def export_csv(db_url: str, out: Path) -> Path:
     """``nbgrader export`` of the gradebook into ``OUT/grades.csv``: nbgrader's own CSV exporter
     (the plugin the command runs), here, instead of a second Python that imports nbgrader again
     (about 4 CPU-s); raises if nbgrader fails."""
+    from .quick_imports import skip_iri_parsers
+
+    skip_iri_parsers()
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
 

@@ -17,6 +17,9 @@ import os
 
 def alembic_head() -> str:
     """The newest revision of nbgrader's migrations, read here (what ``alembic heads`` prints first)."""
+    from .quick_imports import skip_iri_parsers
+
+    skip_iri_parsers()
     import nbgrader
     from alembic.script import ScriptDirectory
 
@@ -25,6 +28,9 @@ def alembic_head() -> str:
 
 def fast_alembic_head() -> None:
     """Make ``nbgrader.api`` stamp new gradebooks with :func:`alembic_head` (idempotent)."""
+    from .quick_imports import skip_iri_parsers
+
+    skip_iri_parsers()
     import nbgrader.api as api
 
     command = getattr(api.get_alembic_version, "_command", api.get_alembic_version)

@@ -17,7 +17,11 @@ import json
 import re
 from pathlib import Path
 
-import nbformat
+from .quick_imports import skip_iri_parsers
+
+skip_iri_parsers()  # before nbformat: 1.8 s of parsers it never uses
+
+import nbformat  # noqa: E402
 
 from . import LIBRARY, ROOT, SOLUTIONS
 from .regions import BEGIN, END, library_regions

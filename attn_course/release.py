@@ -178,6 +178,9 @@ def diff_library_release(committed: Path | None = None) -> list[str]:
 
 def _nbgrader_api(root: Path):
     """nbgrader's Python API on the course at ``root`` (its nbgrader_config.py)."""
+    from .quick_imports import skip_iri_parsers
+
+    skip_iri_parsers()
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import os
 
-import jax
+from attn_course.quick_imports import skip_iri_parsers
+
+skip_iri_parsers()  # before any test module imports nbformat (1.8 s a process otherwise)
+
+import jax  # noqa: E402
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings

@@ -57,6 +57,9 @@ def _in_process_execute():
 
 
 def main(argv: list[str]) -> int:
+    from attn_course.quick_imports import skip_iri_parsers
+
+    skip_iri_parsers()  # before nbgrader imports nbformat
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
 
