@@ -1,6 +1,6 @@
-"""``python -m attn_course.limit CPU_S AS_MB FSIZE_MB NPROC NEWNET CGROUP -- ARGV...``
+"""``python -m attn_course.limit CPU_S AS_MB FSIZE_MB NPROC NEWNET CGROUPS -- ARGV...``
 
-Apply resource limits to this process, join a cgroup, optionally enter a new
+Apply resource limits to this process, join cgroups (comma-separated, or ``-``), optionally enter a new
 network namespace, start a new session, then ``exec`` ARGV.  A separate tiny
 program (it imports nothing heavy) instead of a ``preexec_fn``, because the
 grader holds JAX's threads and ``fork`` + Python code in the child is unsafe
@@ -23,8 +23,8 @@ def main() -> None:
         os.setsid()
     except PermissionError:
         pass  # already a session leader
-    if cgroup != "-":
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+    for group in cgroup.split(",") if cgroup != "-" else []:  # its processes counted, its CPU capped
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
     if newnet == "1":
         ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)  # best effort (root only)

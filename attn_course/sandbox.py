@@ -92,6 +92,7 @@ class Limits:
     file_mb: int = 64  # largest file a worker may write
     scratch_mb: int = 64  # the job's writable /tmp (a tmpfs), and as much again for /dev/shm
     output_mb: int = 16  # most a job may report (its results channel)
+    cores: int = 1  # CPU cores a worker may keep busy at once (a cgroup's CPU quota, where one can be made)
 
 
 GRADING_LIMITS = Limits(per_exercise_s=30, per_archive_s=240, cpu_s=120)
@@ -130,6 +131,9 @@ class Sandbox(Protocol):
     def cleanup(self) -> None:
         """After a server is gone: end what it left and remove its scratch."""
 
+    def close(self) -> None:
+        """No server will start again: also remove what the sandbox made for its servers."""
+
 
 class Plain:
     """No confinement: a student's own check on their own machine."""
@@ -151,33 +155,102 @@ class Plain:
             _rmtree(self._scratch)
             self._scratch = None
 
+    def close(self) -> None:
+        self.cleanup()
 
-def _launcher(limits: Limits, newnet: bool, cgroup: Path | None) -> list[str]:
+
+def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups") -> list[str]:
     """The limits, applied by :mod:`attn_course.limit` just before exec."""
     limit = str(ROOT / "attn_course" / "limit.py")
     return [sys.executable, "-S", "-I", limit, str(limits.cpu_s), str(limits.memory_mb),
             str(limits.file_mb), str(limits.processes), "1" if newnet else "0",
-            str(cgroup) if cgroup else "-", "--"]
+            ",".join(str(g) for g in groups.paths) or "-", "--"]
 
 
-def _cgroup(slot: int, limits: Limits) -> Path | None:
-    """A pids cgroup for one slot, or None where the system has none for us."""
-    for base in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+_GROUP_PREFIX = "attn-course-"
+_made = 0  # sandboxes made by this process (each has groups of its own)
+
+
+class SlotGroups:
+    """The cgroups of one sandbox: its processes counted (``pids.max``) and its CPU capped
+    (``Limits.cores``: a fork bomb or a thread pool in one slot cannot take the cores of the
+    others), each where the system lets the grader make it (root, cgroup v1 or v2).
+
+    Every server of the sandbox joins them (:mod:`attn_course.limit`); :meth:`kill` ends what
+    is left in them after a server, :meth:`remove` deletes them when the sandbox is closed.
+    Groups left by a grader that died (its process is gone) are removed when the next is made.
+    """
+
+    def __init__(self, slot: int, limits: Limits):
+        global _made
+        _made += 1
+        name = f"{_GROUP_PREFIX}{os.getpid()}-slot{slot}-{_made}"
+        self.paths: list[Path] = []
+        v2 = Path("/sys/fs/cgroup")
+        if (v2 / "cgroup.controllers").exists() and not (v2 / "pids").is_dir():  # unified hierarchy
+            self._make(v2, name, {"pids.max": str(limits.processes),
+                                  "cpu.max": f"{100_000 * limits.cores} 100000"}, required=("pids.max",))
+        else:
+            self._make(Path("/sys/fs/cgroup/pids"), name, {"pids.max": str(limits.processes)})
+            self._make(Path("/sys/fs/cgroup/cpu"), name, {"cpu.cfs_period_us": "100000",
+                                                         "cpu.cfs_quota_us": str(100_000 * limits.cores)})
+
+    def _make(self, base: Path, name: str, settings: dict[str, str], required: tuple[str, ...] | None = None) -> None:
         if not (base / "cgroup.procs").exists():
-            continue
-        group = base / f"attn-course-{os.getpid()}-slot{slot}"
+            return
+        _sweep(base)
+        group = base / name
         try:
             group.mkdir(exist_ok=True)
-            (group / "pids.max").write_text(str(limits.processes))
-            return group
         except OSError:
-            continue
-    return None
+            return
+        for key, value in settings.items():
+            try:
+                (group / key).write_text(value)
+            except OSError:
+                if required is None or key in required:  # v2: the CPU controller may not be delegated
+                    _rmdir(group)
+                    return
+        self.paths.append(group)
+
+    def kill(self) -> None:
+        """SIGKILL every process still in the groups (what a server left behind)."""
+        for group in self.paths:
+            _kill_cgroup(group)
+
+    def remove(self) -> None:
+        self.kill()
+        for group in self.paths:
+            _rmdir(group)
+        self.paths = []
 
 
-def _kill_cgroup(group: Path | None) -> None:
-    if group is None:
+_swept: set[Path] = set()
+
+
+def _sweep(base: Path) -> None:
+    """Remove (once per process and hierarchy) the empty groups of graders that no longer run."""
+    if base in _swept:
         return
+    _swept.add(base)
+    try:
+        names = [p.name for p in base.iterdir() if p.name.startswith(_GROUP_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_GROUP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _rmdir(base / name)
+
+
+def _rmdir(group: Path) -> None:
+    try:
+        group.rmdir()  # only an empty group can go
+    except OSError:
+        pass
+
+
+def _kill_cgroup(group: Path) -> None:
     for _ in range(50):
         try:
             pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
@@ -207,21 +280,25 @@ class Limited:
 
     def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache
-        self.cgroup = _cgroup(slot, self.limits)
+        self.groups = SlotGroups(slot, self.limits)
         self._scratch: str | None = None
 
     def server_command(self):
         self.cleanup()
         self._scratch = tempfile.mkdtemp(prefix="attn-job-")
         env = worker_env(self._scratch, self.cache)
-        argv = _launcher(self.limits, os.geteuid() == 0, self.cgroup) + _server_argv(str(ROOT), self._scratch)
+        argv = _launcher(self.limits, os.geteuid() == 0, self.groups) + _server_argv(str(ROOT), self._scratch)
         return argv, env
 
     def cleanup(self) -> None:
-        _kill_cgroup(self.cgroup)
+        self.groups.kill()
         if self._scratch:
             _rmtree(self._scratch)
             self._scratch = None
+
+    def close(self) -> None:
+        self.cleanup()
+        self.groups.remove()
 
 
 def bwrap_works() -> bool:
@@ -243,7 +320,7 @@ class Bubblewrap:
 
     def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache
-        self.cgroup = _cgroup(slot, self.limits)
+        self.groups = SlotGroups(slot, self.limits)
 
     def bwrap_argv(self) -> list[str]:
         binds: list[str] = []
@@ -267,11 +344,14 @@ class Bubblewrap:
         return argv
 
     def server_command(self):
-        argv = _launcher(self.limits, False, self.cgroup) + self.bwrap_argv() + _server_argv(COURSE_IN_SANDBOX, "/tmp")
+        argv = _launcher(self.limits, False, self.groups) + self.bwrap_argv() + _server_argv(COURSE_IN_SANDBOX, "/tmp")
         return argv, worker_env("/tmp", self.cache)
 
     def cleanup(self) -> None:
-        _kill_cgroup(self.cgroup)
+        self.groups.kill()
+
+    def close(self) -> None:
+        self.groups.remove()
 
 
 def confinement(slot: int, limits: Limits, cache: Path | None, use_bwrap: bool | None) -> Sandbox:

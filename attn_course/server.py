@@ -131,6 +131,7 @@ class WorkerServer:
         """Stop for good: a job still waiting on this server fails at once."""
         self.closed = True
         self.kill()
+        self.sandbox.close()
 
     # -- jobs -----------------------------------------------------------------------
     def submit(self, job: dict) -> None:

@@ -1,0 +1,90 @@
+"""A sandbox's cgroups: its processes counted, its CPU capped at ``Limits.cores``, and removed after.
+
+Where the grader cannot make cgroups (not root, no delegation) the sandbox has
+none and these tests skip; CI runs as root.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attn_course import sandbox
+from attn_course.sandbox import Limited, Limits, SlotGroups, _launcher
+
+BUSY = ("import os, time\n"
+        "os.fork()  # two processes, each busy for 1.5 s of wall time\n"
+        "t = time.monotonic()\n"
+        "while time.monotonic() - t < 1.5:\n    pass\n")
+
+
+def _groups_or_skip(limits: Limits) -> SlotGroups:
+    groups = SlotGroups(0, limits)
+    if not groups.paths:
+        pytest.skip("no cgroups can be made here")
+    return groups
+
+
+def test_a_slot_is_capped_at_its_cores_and_its_groups_go_when_it_closes():
+    limits = Limits(cores=1, processes=16)
+    groups = _groups_or_skip(limits)
+    cpu = [g for g in groups.paths if (g / "cpu.cfs_quota_us").exists() or (g / "cpu.max").exists()]
+    if not cpu:
+        groups.remove()
+        # as root on cgroup v1 (CI) the CPU group must be there; elsewhere it may not be delegated
+        assert not Path("/sys/fs/cgroup/cpu/cgroup.procs").exists() or os.geteuid() != 0
+        pytest.skip("no CPU controller here")
+    argv = _launcher(limits, False, groups) + [sys.executable, "-c", BUSY + "print(open('/proc/self/cgroup').read())\n"]
+    t = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    wall = time.monotonic() - t
+    assert r.returncode == 0, r.stderr
+    joined = r.stdout
+    for g in groups.paths:  # both processes ran in every group of the slot
+        assert f":/{g.name}\n" in joined, (g, joined)
+    quota = (cpu[0] / "cpu.cfs_quota_us")
+    if quota.exists():
+        assert int(quota.read_text()) == 100_000 * limits.cores
+        assert int((cpu[0] / "cpu.cfs_period_us").read_text()) == 100_000
+    else:
+        assert (cpu[0] / "cpu.max").read_text().split() == [str(100_000 * limits.cores), "100000"]
+    assert wall >= 1.5 and joined.count("cpu") >= 2  # both processes reported their groups
+    paths = list(groups.paths)
+    groups.remove()
+    assert not any(p.exists() for p in paths)
+
+
+def test_groups_of_a_grader_that_died_are_removed_and_a_live_ones_kept(monkeypatch):
+    probe = _groups_or_skip(Limits())
+    base = probe.paths[0].parent
+    probe.remove()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = base / f"attn-course-{dead.pid}-slot0-1"
+    alive = base / f"attn-course-{os.getpid()}-slot9-99"
+    stale.mkdir()
+    alive.mkdir()
+    try:
+        monkeypatch.setattr(sandbox, "_swept", set())
+        fresh = SlotGroups(1, Limits())
+        assert not stale.exists() and alive.exists()
+        fresh.remove()
+    finally:
+        for p in (stale, alive):
+            if p.exists():
+                p.rmdir()
+
+
+def test_a_limited_sandbox_removes_its_groups_when_closed():
+    box = Limited(0, Limits())
+    if not box.groups.paths:
+        pytest.skip("no cgroups can be made here")
+    paths = list(box.groups.paths)
+    assert all(p.exists() for p in paths)
+    box.close()
+    assert not any(Path(p).exists() for p in paths)
