@@ -92,7 +92,7 @@ class Limits:
     file_mb: int = 64  # largest file a worker may write
     scratch_mb: int = 64  # the job's writable /tmp (a tmpfs), and as much again for /dev/shm
     output_mb: int = 16  # most a job may report (its results channel)
-    cores: int = 1  # CPU cores a worker may keep busy at once (a cgroup's CPU quota, where one can be made)
+    cores: int = 0  # CPU cores a worker may keep busy at once (a cgroup's CPU quota, where one can be made); 0: no cap
 
 
 GRADING_LIMITS = Limits(per_exercise_s=30, per_archive_s=240, cpu_s=120)
@@ -188,12 +188,13 @@ class SlotGroups:
         self.paths: list[Path] = []
         v2 = Path("/sys/fs/cgroup")
         if (v2 / "cgroup.controllers").exists() and not (v2 / "pids").is_dir():  # unified hierarchy
-            self._make(v2, name, {"pids.max": str(limits.processes),
-                                  "cpu.max": f"{100_000 * limits.cores} 100000"}, required=("pids.max",))
+            cpu = {"cpu.max": f"{100_000 * limits.cores} 100000"} if limits.cores else {}
+            self._make(v2, name, {"pids.max": str(limits.processes), **cpu}, required=("pids.max",))
         else:
             self._make(Path("/sys/fs/cgroup/pids"), name, {"pids.max": str(limits.processes)})
-            self._make(Path("/sys/fs/cgroup/cpu"), name, {"cpu.cfs_period_us": "100000",
-                                                         "cpu.cfs_quota_us": str(100_000 * limits.cores)})
+            if limits.cores:
+                self._make(Path("/sys/fs/cgroup/cpu"), name, {"cpu.cfs_period_us": "100000",
+                                                             "cpu.cfs_quota_us": str(100_000 * limits.cores)})
 
     def _make(self, base: Path, name: str, settings: dict[str, str], required: tuple[str, ...] | None = None) -> None:
         if not (base / "cgroup.procs").exists():
