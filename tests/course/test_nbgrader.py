@@ -123,7 +123,9 @@ HOSTILE_NOTEBOOKS = {
                                                  "n.check = n.check_hidden = lambda *a, **k: None\n"
                                                  "s.compare_values = lambda *a, **k: ''\n"
                                                  "def log_partition_function(S, mask=None, T=1.0):\n    return S[..., 0] * 0\n"), ["3.1"]),
-    "nb-infinite-loop": (lambda: _append(ANSWER, "while True:\n    pass\n"), ["3.1"]),
+    # in 3.3's cell, not the first exercise's: a job's first exercise also has the backend's start-up
+    # grace (3 s more of spinning before the limit)
+    "nb-infinite-loop": (lambda: _append("ex-3-3-answer", "while True:\n    pass\n"), ["3.3"]),
     "nb-no-answer-cell": (lambda: _drop(ANSWER), ["3.1"]),
     "nb-two-answer-cells": (lambda: _duplicate(ANSWER), ["3.1"]),
     "nb-not-json": (lambda: b"{not a notebook" + b"[" * 1000, list(FULL_CH3)),

@@ -36,8 +36,9 @@ HAVE_BWRAP = bwrap_works()
 
 # name -> (code appended to statmech.py, exercises it must lose, words expected in the feedback)
 HOSTILE = {
-    "infinite_loop": ("def log_partition_function(S, mask=None, T=1.0):\n    while True:\n        pass\n",
-                      ["3.1"], "time limit"),
+    # (not in 3.1: a job's first exercise also has the backend's start-up grace, 3 s more of spinning)
+    "infinite_loop": ("def free_energy(S, mask=None, T=1.0):\n    while True:\n        pass\n",
+                      ["3.3"], "time limit"),
     "sleep": ("import time\ndef entropy(A, mask=None):\n    time.sleep(10**6)\n", ["3.2"], "time limit"),
     "memory_bomb": ("def free_energy(S, mask=None, T=1.0):\n    x = bytearray(64 * 2**30)\n    return x\n",
                     ["3.3"], "MemoryError"),
@@ -84,7 +85,8 @@ HOSTILE = {
                        ["3.4"], ""),
     "write_gradebook": ("import os\ndef zero_temperature_limit(S, mask=None):\n"
                         "    for top in ('/tmp', '/work', '/root'):\n"
-                        "        for d, _, files in os.walk(top):\n"
+                        "        for d, dirs, files in os.walk(top):\n"
+                        "            dirs[:] = [x for x in dirs if x not in ('site-packages', 'lib', 'include')]  # Python's own\n"
                         "            for f in files:\n"
                         "                if f in ('gradebook.csv', 'report.md') or d.endswith('results'):\n"
                         "                    try:\n"
