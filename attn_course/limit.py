@@ -1,7 +1,8 @@
 """``python -m attn_course.limit CPU_S AS_MB FSIZE_MB NPROC NEWNET CGROUPS -- ARGV...``
 
-Apply resource limits to this process, join cgroups (comma-separated, or ``-``), optionally enter a new
-network namespace, start a new session, then ``exec`` ARGV.  A separate tiny
+Apply resource limits to this process, join cgroups (comma-separated, or
+``-``), optionally enter a new network namespace, start a new session, then
+``exec`` ARGV.  A separate tiny
 program (it imports nothing heavy) instead of a ``preexec_fn``, because the
 grader holds JAX's threads and ``fork`` + Python code in the child is unsafe
 there.

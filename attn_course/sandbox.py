@@ -171,6 +171,14 @@ _GROUP_PREFIX = "attn-course-"
 _made = 0  # sandboxes made by this process (each has groups of its own)
 
 
+def _pid_namespace() -> str:
+    """Which pid namespace this process is in: a group's pid means something only in its own."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 class SlotGroups:
     """The cgroups of one sandbox: its processes counted (``pids.max``) and its CPU capped
     (``Limits.cores``: a fork bomb or a thread pool in one slot cannot take the cores of the
@@ -184,7 +192,7 @@ class SlotGroups:
     def __init__(self, slot: int, limits: Limits):
         global _made
         _made += 1
-        name = f"{_GROUP_PREFIX}{os.getpid()}-slot{slot}-{_made}"
+        name = f"{_GROUP_PREFIX}{_pid_namespace()}-{os.getpid()}-slot{slot}-{_made}"
         self.paths: list[Path] = []
         v2 = Path("/sys/fs/cgroup")
         if (v2 / "cgroup.controllers").exists() and not (v2 / "pids").is_dir():  # unified hierarchy
@@ -230,16 +238,21 @@ _swept: set[Path] = set()
 
 
 def _sweep(base: Path) -> None:
-    """Remove (once per process and hierarchy) the empty groups of graders that no longer run."""
+    """Remove (once per process and hierarchy) the empty groups of graders that no longer run.
+
+    Only groups made in this pid namespace are looked at: a grader in another
+    (a container sharing the cgroup hierarchy) has pids that mean nothing here.
+    """
     if base in _swept:
         return
     _swept.add(base)
+    ours = f"{_GROUP_PREFIX}{_pid_namespace()}-"
     try:
-        names = [p.name for p in base.iterdir() if p.name.startswith(_GROUP_PREFIX)]
+        names = [p.name for p in base.iterdir() if p.name.startswith(ours)]
     except OSError:
         return
     for name in names:
-        pid = name[len(_GROUP_PREFIX):].split("-", 1)[0]
+        pid = name[len(ours):].split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             _rmdir(base / name)
 

@@ -59,23 +59,25 @@ def test_a_slot_is_capped_at_its_cores_and_its_groups_go_when_it_closes():
     assert not any(p.exists() for p in paths)
 
 
-def test_groups_of_a_grader_that_died_are_removed_and_a_live_ones_kept(monkeypatch):
+def test_groups_of_a_grader_that_died_are_removed_and_others_kept(monkeypatch):
     probe = _groups_or_skip(Limits())
     base = probe.paths[0].parent
     probe.remove()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = base / f"attn-course-{dead.pid}-slot0-1"
-    alive = base / f"attn-course-{os.getpid()}-slot9-99"
-    stale.mkdir()
-    alive.mkdir()
+    ns = sandbox._pid_namespace()
+    stale = base / f"attn-course-{ns}-{dead.pid}-slot0-1"
+    alive = base / f"attn-course-{ns}-{os.getpid()}-slot9-99"
+    elsewhere = base / f"attn-course-{ns}0-{dead.pid}-slot0-1"  # another pid namespace: not ours to judge
+    for p in (stale, alive, elsewhere):
+        p.mkdir()
     try:
         monkeypatch.setattr(sandbox, "_swept", set())
         fresh = SlotGroups(1, Limits())
-        assert not stale.exists() and alive.exists()
+        assert not stale.exists() and alive.exists() and elsewhere.exists()
         fresh.remove()
     finally:
-        for p in (stale, alive):
+        for p in (stale, alive, elsewhere):
             if p.exists():
                 p.rmdir()
 
