@@ -137,6 +137,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         current, started, verdict, done, received = None, time.monotonic(), None, None, 0
         seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
         starts = server.starts
+        refused = server.sandbox.processes_refused()  # the process limit's count before this job
+        stopped = False  # the runner stopped the job at its process limit, in its current exercise
+        look = started
         try:
             server.submit(job)
         except ServerError as err:
@@ -171,6 +174,13 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             grace = 0.0
             if current is None or current == remaining[0][0].id or current == COMPILING:
                 grace = START_GRACE_S if server.starts != starts else FIRST_EXERCISE_GRACE_S
+            if now >= look:  # a fork bomb is stopped at once, not when its time is up
+                look = now + 0.1
+                if server.sandbox.processes_refused() > refused:
+                    verdict = Outcome.failure("crashed", "stopped: it tried to run more than "
+                                              f"{limits.processes} processes and threads at once (process limit)")
+                    stopped = True
+                    break
             if now - started > limits.per_exercise_s + grace:
                 verdict = Outcome.failure("timeout", f"stopped after {limits.per_exercise_s:g} s (time limit)")
             elif deadline is not None and now >= deadline:
@@ -193,7 +203,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             for ex, _ in left:
                 raw[ex.id] = [verdict]
             break
-        if len(unfinished) > 1 and (verdict.status == "crashed" or current not in unfinished):
+        if len(unfinished) > 1 and ((verdict.status == "crashed" and not stopped) or current not in unfinished):
             # The job or its server died: the last lines it wrote may have died with it (an exercise
             # that finished can look unfinished, or not even started), so which one did it is not
             # certain; or the time ran out in the program of the whole job (COMPILING), which is

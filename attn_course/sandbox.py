@@ -134,6 +134,10 @@ class Sandbox(Protocol):
     def close(self) -> None:
         """No server will start again: also remove what the sandbox made for its servers."""
 
+    def processes_refused(self) -> int:
+        """How often a process or thread of the sandbox could not start for its process limit,
+        since the sandbox was made (0 where that is not counted)."""
+
 
 class Plain:
     """No confinement: a student's own check on their own machine."""
@@ -157,6 +161,9 @@ class Plain:
 
     def close(self) -> None:
         self.cleanup()
+
+    def processes_refused(self) -> int:
+        return 0
 
 
 def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups") -> list[str]:
@@ -203,6 +210,8 @@ class SlotGroups:
             if limits.cores:
                 self._make(Path("/sys/fs/cgroup/cpu"), name, {"cpu.cfs_period_us": "100000",
                                                              "cpu.cfs_quota_us": str(100_000 * limits.cores)})
+        # the pids group (made first) counts the forks it refused: pids.events says "max N"
+        self.events = self.paths[0] / "pids.events" if self.paths else None
 
     def _make(self, base: Path, name: str, settings: dict[str, str], required: tuple[str, ...] | None = None) -> None:
         if not (base / "cgroup.procs").exists():
@@ -221,6 +230,19 @@ class SlotGroups:
                     _rmdir(group)
                     return
         self.paths.append(group)
+
+    def refused(self) -> int:
+        """How many forks (processes or threads) the pids group refused, ever; 0 without one."""
+        if self.events is None:
+            return 0
+        try:
+            for line in self.events.read_text().splitlines():
+                key, _, count = line.partition(" ")
+                if key == "max":
+                    return int(count)
+        except (OSError, ValueError):
+            pass
+        return 0
 
     def kill(self) -> None:
         """SIGKILL every process still in the groups (what a server left behind)."""
@@ -314,6 +336,9 @@ class Limited:
         self.cleanup()
         self.groups.remove()
 
+    def processes_refused(self) -> int:
+        return self.groups.refused()
+
 
 def bwrap_works() -> bool:
     exe = shutil.which("bwrap")
@@ -366,6 +391,9 @@ class Bubblewrap:
 
     def close(self) -> None:
         self.groups.remove()
+
+    def processes_refused(self) -> int:
+        return self.groups.refused()
 
 
 def confinement(slot: int, limits: Limits, cache: Path | None, use_bwrap: bool | None) -> Sandbox:

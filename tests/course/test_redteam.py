@@ -26,13 +26,25 @@ from dataclasses import asdict
 
 from attn_course.grade import Grader
 from attn_course.identity import token_for
-from attn_course.sandbox import Limits, bwrap_works
+from attn_course.sandbox import Limits, SlotGroups, bwrap_works
 
 pytestmark = pytest.mark.slow
 
 SECRET = "redteam-secret"
 FULL = {"3.1": 3, "3.2": 3, "3.3": 2, "3.4": 2, "3.5": 2}
 HAVE_BWRAP = bwrap_works()
+
+
+def _pids_counted() -> bool:
+    """Whether a slot's pids cgroup can be made here (and so counts the forks it refuses)."""
+    groups = SlotGroups(0, Limits())
+    try:
+        return groups.events is not None
+    finally:
+        groups.remove()
+
+
+PIDS_COUNTED = _pids_counted()
 
 # name -> (code appended to statmech.py, exercises it must lose, words expected in the feedback)
 HOSTILE = {
@@ -42,8 +54,9 @@ HOSTILE = {
     "sleep": ("import time\ndef entropy(A, mask=None):\n    time.sleep(10**6)\n", ["3.2"], "time limit"),
     "memory_bomb": ("def free_energy(S, mask=None, T=1.0):\n    x = bytearray(64 * 2**30)\n    return x\n",
                     ["3.3"], "MemoryError"),
+    # stopped the moment it reaches the process limit, where a pids cgroup counts that (as root)
     "fork_bomb": ("import os\ndef heat_capacity(S, mask=None, T=1.0):\n    while True:\n        os.fork()\n",
-                  ["3.4"], ""),
+                  ["3.4"], "process limit" if PIDS_COUNTED else ""),
     "os_exit": ("import os\ndef zero_temperature_limit(S, mask=None):\n    os._exit(0)\n", ["3.5"], "exited early"),
     "segfault": ("import ctypes\ndef log_partition_function(S, mask=None, T=1.0):\n    ctypes.string_at(0)\n",
                  ["3.1"], "SIGSEGV"),

@@ -90,3 +90,22 @@ def test_a_limited_sandbox_removes_its_groups_when_closed():
     assert all(p.exists() for p in paths)
     box.close()
     assert not any(Path(p).exists() for p in paths)
+
+
+def test_the_forks_a_slot_refuses_are_counted():
+    """What lets the runner stop a fork bomb at once: the pids group counts each refused fork."""
+    limits = Limits(processes=8)
+    groups = _groups_or_skip(limits)
+    try:
+        assert groups.refused() == 0
+        spawn = ("import os\nkids = []\nfor _ in range(20):\n    try:\n        pid = os.fork()\n"
+                 "    except OSError:\n        break\n    if pid == 0:\n        import time; time.sleep(5); os._exit(0)\n"
+                 "    kids.append(pid)\nprint(len(kids))\nfor k in kids:\n    os.kill(k, 9)\n")
+        r = subprocess.run(_launcher(Limits(processes=64), False, groups) + [sys.executable, "-c", spawn],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert int(r.stdout) < 8  # the group's limit, not the launcher's larger RLIMIT_NPROC, stopped it
+        assert groups.refused() >= 1
+    finally:
+        groups.remove()
+    assert groups.refused() == 0  # gone with its group
