@@ -207,23 +207,32 @@ def _notebook_round(ws: Path, public) -> None:
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
-    def run() -> dict[str, list]:
-        done = nbformat.read(path, as_version=4)
-        NotebookClient(done, timeout=600, kernel_name="python3", allow_errors=True,
-                       resources={"metadata": {"path": str(path.parent)}}).execute(env=env)
+    def errors(cells) -> dict[str, list]:
         return {c.id: [o for o in c.get("outputs", []) if o.output_type == "error"]
-                for c in done.cells if c.cell_type == "code"}
+                for c in cells if c.cell_type == "code"}
 
-    errors = run()
-    failing = {cid: e for cid, e in errors.items() if e}
-    assert set(failing) == {"ex-3-1-tests"}, {k: [o.evalue[:300] for o in v] for k, v in failing.items()}
-    text = failing["ex-3-1-tests"][0].evalue
-    entry = next(m for m in public["3.1"].mistakes if m.key == "temperature-ignored")
-    assert "Fix the answer cell above" in text and "ex-3-1-answer" in text, text
-    assert _flat(entry.message) in _flat(text), text
+    # the student runs the whole notebook, reads the failing test, fixes the answer cell, saves,
+    # and runs the answer and its test cell again in the same kernel
+    done = nbformat.read(path, as_version=4)
+    client = NotebookClient(done, timeout=600, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    with client.setup_kernel(env=env):
+        for i, cell in enumerate(done.cells):
+            client.execute_cell(cell, i)
+        failing = {cid: e for cid, e in errors(done.cells).items() if e}
+        assert set(failing) == {"ex-3-1-tests"}, {k: [o.evalue[:300] for o in v] for k, v in failing.items()}
+        text = failing["ex-3-1-tests"][0].evalue
+        entry = next(m for m in public["3.1"].mistakes if m.key == "temperature-ignored")
+        assert "Fix the answer cell above" in text and "ex-3-1-answer" in text, text
+        assert _flat(entry.message) in _flat(text), text
 
-    fixed = nbformat.read(path, as_version=4)
-    cell = next(c for c in fixed.cells if c.get("id") == "ex-3-1-answer")
-    cell.source = cell.source.replace(wrong, right)
-    nbformat.write(fixed, path)
-    assert not any(run().values())
+        fixed = nbformat.read(path, as_version=4)
+        cell = next(c for c in fixed.cells if c.get("id") == "ex-3-1-answer")
+        cell.source = cell.source.replace(wrong, right)
+        nbformat.write(fixed, path)
+        again = [i for i, c in enumerate(done.cells) if c.get("id") in ("ex-3-1-answer", "ex-3-1-tests")]
+        assert len(again) == 2
+        done.cells[again[0]].source = cell.source
+        for i in again:
+            client.execute_cell(done.cells[i], i)
+        assert not any(errors([done.cells[i] for i in again]).values()), errors(done.cells)
