@@ -14,12 +14,23 @@ from attn_course.server import Done, Line, ServerError
 ZERO = {"status": "ok", "value": {"value": values.encode(__import__("numpy").zeros(2))}}
 
 
+class Box:
+    """The scripted server's sandbox: how many forks its process limit refused."""
+
+    def __init__(self):
+        self.refused = 0
+
+    def processes_refused(self):
+        return self.refused
+
+
 class Scripted:
     """A worker server that plays one script per job: ('start', id), ('phase', None), ('result', id),
-    ('sleep', seconds), 'hang', 'die' or 'done'."""
+    ('sleep', seconds), ('refuse', None) (its sandbox refuses a fork), 'hang', 'die' or 'done'."""
 
     def __init__(self, scripts):
         self.scripts, self.jobs, self.starts, self.kills = list(scripts), [], 1, 0
+        self.sandbox = Box()
 
     def submit(self, job):
         self.jobs.append([item["id"] for item in job["exercises"]])
@@ -42,6 +53,9 @@ class Scripted:
                 self.script.insert(0, step)
                 return out
             kind, ex = step
+            if kind == "refuse":
+                self.sandbox.refused += 1
+                continue
             if kind == "sleep":
                 time.sleep(ex)
                 return out
@@ -109,3 +123,17 @@ def test_a_start_line_again_does_not_restart_the_clock(monkeypatch):
     server = Scripted([[("start", "3.1")] + [("sleep", 0.05), ("start", "3.1")] * 120 + ["done"]])
     raw = run_worker(server, {}, _items("3.1"), Limits(per_exercise_s=0.3))
     assert [o.status for o in raw["3.1"]] == ["timeout"]
+
+
+def test_a_job_at_its_process_limit_is_stopped_at_once_and_blames_its_exercise():
+    """A fork bomb in 3.2: stopped when the sandbox refuses a fork, long before its time limit;
+    3.2 alone is blamed (no exercise-by-exercise rerun), and 3.3 runs in a new job."""
+    server = Scripted([
+        [("start", "3.1"), ("result", "3.1"), ("start", "3.2"), ("refuse", None), "hang"],
+        [("start", "3.3"), ("result", "3.3"), "done"],
+    ])
+    raw = run_worker(server, {}, _items("3.1", "3.2", "3.3"), Limits(per_exercise_s=20))
+    assert server.jobs == [["3.1", "3.2", "3.3"], ["3.3"]]
+    assert server.kills == 1
+    assert [o.status for o in raw["3.2"]] == ["crashed"] and "process limit" in raw["3.2"][0].message
+    assert [o.status for o in raw["3.3"]] == ["ok"] * len(raw["3.3"])
