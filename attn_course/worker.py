@@ -576,7 +576,30 @@ def run_job(job: dict, package: Path, out) -> None:
         report(ex.id, _exercise_results(ex, fn, item["cases"], error, backend))
 
 
+def _import_jax() -> None:
+    """Import JAX, without its search of every installed package's metadata for a ROCm plugin.
+
+    JAX (0.10) reads the metadata of each distribution in the environment as
+    it is imported, to find a ``jax-rocm*-plugin`` (about 0.1 CPU-s with the
+    course's 190 packages, in every worker server).  A worker runs JAX on the
+    CPU only (``JAX_PLATFORMS=cpu``, :func:`attn_course.sandbox.worker_env`):
+    there, the search is shown no distributions.  Elsewhere JAX imports as usual.
+    """
+    if "jax" in sys.modules or os.environ.get("JAX_PLATFORMS") != "cpu":
+        import jax  # noqa: F401
+        return
+    import importlib.metadata as metadata
+
+    distributions = metadata.distributions
+    metadata.distributions = lambda *args, **kwargs: iter(())
+    try:
+        import jax  # noqa: F401
+    finally:
+        metadata.distributions = distributions
+
+
 def _setup_jax() -> None:
+    _import_jax()
     import jax
 
     jax.config.update("jax_enable_x64", True)
