@@ -421,12 +421,19 @@ class LocalPool:
             return
         g.prepare()
         n = min(g.jobs, len(todo))  # no more servers than archives (regrading one archive starts one)
-        g.start_workers(n, warm=g.worth_warming(len(todo), n))
+        warm = g.worth_warming(len(todo), n)
+        g.start_workers(n, warm=warm)
         slots = list(range(n))
+        left = [len(todo)]  # archives not yet begun
 
         def work(archive):
             with g._lock:
                 slot = slots.pop()
+                # a server warms after a job only while the archives still to come repay it: one
+                # started again (after a job that killed it) near the end of the batch does not
+                # (a server already warm has nothing left to warm either way)
+                g._server(slot).warm = warm and g.worth_warming(left[0], n)
+                left[0] -= 1
             try:
                 return g.grade_one(archive, slot)
             finally:

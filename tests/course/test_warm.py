@@ -167,3 +167,41 @@ def test_the_server_is_told_not_to_warm():
             server.submit({"files": {}, "exercises": []})
         line = json.loads(server.proc.stdin.getvalue())
         assert line.get("warm", True) is warm
+
+
+def test_servers_warm_only_while_the_archives_left_repay_it(tmp_path):
+    """Each archive's jobs tell the server to warm only while the archives not yet begun repay
+    it (Grader.worth_warming): a server started again near the end of a batch (after a job that
+    killed it) does not spend a warm-up on the last few archives."""
+    from unittest import mock
+
+    from attn_course import ROOT
+    from attn_course.archive import build_archive, library_files
+    from attn_course.grade import Grader
+    from attn_course.server import WorkerServer
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    ref = library_files(ROOT)
+    for k in range(4):
+        build_archive(subs / f"s{k}.zip", f"s{k}", ref)
+    g = Grader(tmp_path / "grading", "3.5", jobs=1, log=lambda *a: None, ci_secret=True, require_token=False)
+    reference = ref["attn_tensors/statmech.py"].decode()
+    sent = []
+    submit = WorkerServer.submit
+
+    def recording(server, job):
+        if job["files"].get("attn_tensors/statmech.py") == reference:  # an archive's job, not a warm-up
+            sent.append(server.warm)
+        submit(server, job)
+
+    try:
+        g.prepare()
+        shapes = g.case_shapes()
+        with mock.patch.object(WorkerServer, "submit", recording):
+            results = g.run(subs)
+    finally:
+        g.close()
+    assert [r.total for r in results] == [2.0] * 4
+    assert sent == [left >= shapes for left in (4, 3, 2, 1)], (sent, shapes)
+    assert True in sent and False in sent
