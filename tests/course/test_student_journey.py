@@ -132,8 +132,7 @@ def test_a_student_from_workspace_to_submission(tmp_path):
     r = course("workspace", str(ws), "--student", "s7654321", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     n = len(EX)
-    r = course("check", "all", cwd=ws)
-    assert r.returncode == 1 and r.stdout.count("[ TODO]") == n and f"Progress: 0/{n}" in r.stdout, r.stdout[-2000:]
+    # (check on the untouched workspace, every exercise "not implemented yet": test_student_path)
 
     # 1. everything written; six mistakes made, each named by check (the whole library at once)
     _write_library(ws, ROUND_1)
