@@ -139,6 +139,13 @@ def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
     assert "0 to grade" in log[0], log[0]
 
 
+def test_workers_with_another_secret_are_refused(batch, cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_SECRET", "not-the-workers-secret")
+    with pytest.raises(ClusterError, match="another course secret"):
+        _grade(batch, tmp_path / "other", cluster.scheduler_address)
+    assert not list((tmp_path / "other").glob("results/*.json"))
+
+
 # the archives of the worker-loss test: enough for both workers to be busy, none that crashes
 # its own server (the retry is what is tested, not the red team again)
 LOSS_BATCH = ("honest_a.zip", "honest_b.zip", "untouched.zip", "wrong_shape.zip", "patch_numpy.zip",
@@ -147,7 +154,8 @@ LOSS_BATCH = ("honest_a.zip", "honest_b.zip", "untouched.zip", "wrong_shape.zip"
 
 def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_path):
     """When an archive finishes, a worker that is grading another one dies: the batch
-    still finishes, with every result the local pool's (the lost archive ran again elsewhere)."""
+    still finishes, with every result the local pool's (the lost archive ran again elsewhere).
+    The module's last test: no later one waits for the nanny to start the lost worker again."""
     import shutil
 
     _, local = local
@@ -168,14 +176,6 @@ def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_p
                         pass
 
         remote = _grade(subs, tmp_path / "dask", cluster.scheduler_address, log)
-        client.wait_for_workers(2, timeout=120)  # the nanny restarts it, for the next test
     assert remote == {name: local[name] for name in LOSS_BATCH}
     if not killed:  # never seen busy at a progress line (a machine so fast or slow): nothing was tested
         pytest.skip("no worker was grading when an archive finished")
-
-
-def test_workers_with_another_secret_are_refused(batch, cluster, tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTN_COURSE_SECRET", "not-the-workers-secret")
-    with pytest.raises(ClusterError, match="another course secret"):
-        _grade(batch, tmp_path / "other", cluster.scheduler_address)
-    assert not list((tmp_path / "other").glob("results/*.json"))
