@@ -254,6 +254,7 @@ class SlotGroups:
         for group in self.paths:
             _rmdir(group)
         self.paths = []
+        self.events = None
 
 
 _swept: set[Path] = set()

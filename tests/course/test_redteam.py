@@ -11,6 +11,7 @@ when it is missing.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -33,18 +34,17 @@ pytestmark = pytest.mark.slow
 SECRET = "redteam-secret"
 FULL = {"3.1": 3, "3.2": 3, "3.3": 2, "3.4": 2, "3.5": 2}
 HAVE_BWRAP = bwrap_works()
+PROCESS_LIMIT = "process limit"  # said where a pids cgroup counts the forks it refuses (as root)
 
 
+@functools.cache
 def _pids_counted() -> bool:
-    """Whether a slot's pids cgroup can be made here (and so counts the forks it refuses)."""
+    """Whether a slot's pids cgroup can be made here (asked once, when a test needs to know)."""
     groups = SlotGroups(0, Limits())
     try:
         return groups.events is not None
     finally:
         groups.remove()
-
-
-PIDS_COUNTED = _pids_counted()
 
 # name -> (code appended to statmech.py, exercises it must lose, words expected in the feedback)
 HOSTILE = {
@@ -56,7 +56,7 @@ HOSTILE = {
                     ["3.3"], "MemoryError"),
     # stopped the moment it reaches the process limit, where a pids cgroup counts that (as root)
     "fork_bomb": ("import os\ndef heat_capacity(S, mask=None, T=1.0):\n    while True:\n        os.fork()\n",
-                  ["3.4"], "process limit" if PIDS_COUNTED else ""),
+                  ["3.4"], PROCESS_LIMIT),
     "os_exit": ("import os\ndef zero_temperature_limit(S, mask=None):\n    os._exit(0)\n", ["3.5"], "exited early"),
     "segfault": ("import ctypes\ndef log_partition_function(S, mask=None, T=1.0):\n    ctypes.string_at(0)\n",
                  ["3.1"], "SIGSEGV"),
@@ -217,6 +217,8 @@ def test_hostile_submission_gets_no_credit_for_what_it_touched(graded, name):
     _, results, out = graded
     r = results[f"{name}.zip"]
     _, touched, words = HOSTILE[name]
+    if words == PROCESS_LIMIT and not _pids_counted():
+        words = ""  # no pids cgroup here: the clock stops the bomb, at the time limit
     for ex, full in FULL.items():
         if ex in touched:
             assert r["scores"][ex] == 0.0, (name, ex, r["feedback"][ex])
