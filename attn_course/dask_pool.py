@@ -155,13 +155,23 @@ def worker_fingerprint(ci_secret: bool) -> str:
         return f"no secret: {type(err).__name__}"
 
 
-def grade_task(config: TaskConfig, name: str, data: bytes, received: float) -> ArchiveResult:
-    """One archive, on a Dask worker: :meth:`Grader.grade_one` on a private copy of its bytes."""
+def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
+               left: int | None = None, slots: int = 1) -> ArchiveResult:
+    """One archive, on a Dask worker: :meth:`Grader.grade_one` on a private copy of its bytes.
+
+    ``left``: the archives of the batch not yet sent when this one was, and
+    ``slots`` the cluster's worker threads: the slot's server warms after
+    this job only while those repay it (:meth:`Grader.worth_warming`, the
+    local pool's rule), so a server started again late in a batch (after a
+    job that killed it) does not warm for the last few archives.
+    """
     wg = _worker_grader(config)
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"not an archive name: {name!r}")
     slot = wg.acquire()
     try:
+        if left is not None:
+            wg.grader._server(slot).warm = wg.grader.worth_warming(left, slots)
         with tempfile.TemporaryDirectory(prefix="attn-dask-") as tmp:
             path = Path(tmp) / name
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -205,7 +215,8 @@ class DaskPool:
 
         if not todo:
             return
-        window = max(4, 2 * self.check_workers())  # archives in flight (their bytes live in the scheduler)
+        slots = self.check_workers()
+        window = max(4, 2 * slots)  # archives in flight (their bytes live in the scheduler)
         queue = list(reversed(todo))
         done = as_completed(loop=self.client.loop)
 
@@ -219,7 +230,8 @@ class DaskPool:
                     # not a readable regular file of bounded size: rejected here, by the same function
                     yield archive, self.grader.grade_one(archive, 0)
                     continue
-                fut = self.client.submit(grade_task, self.config, archive.name, data, received, pure=False,
+                fut = self.client.submit(grade_task, self.config, archive.name, data, received, len(queue), slots,
+                                         pure=False,
                                          key=f"grade-{archive.name[:60]}-{os.urandom(6).hex()}")
                 self.futures[fut] = (archive, data, received)
                 done.add(fut)

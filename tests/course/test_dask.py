@@ -101,6 +101,13 @@ def _worker_servers() -> list[tuple[int, list[int]]]:
             for wg in dask_pool._GRADERS.values()]
 
 
+def _warm_flags() -> list[bool]:
+    """On a Dask worker: whether each server of its graders warms after its next job."""
+    from attn_course import dask_pool
+
+    return [s.warm for wg in dask_pool._GRADERS.values() for s in wg.grader._servers.values()]
+
+
 def test_a_worker_starts_its_servers_before_its_first_archive(cluster, secret_env, tmp_path):
     """Building a worker's grader (its first task, or warm_worker) also starts and warms one
     worker server per thread, as the local pool does before its first archive (this test runs
@@ -113,8 +120,10 @@ def test_a_worker_starts_its_servers_before_its_first_archive(cluster, secret_en
         workers = list(client.scheduler_info()["workers"])
         client.gather([client.submit(warm_worker, TaskConfig.of(g), workers=[w], pure=False) for w in workers])
         seen = client.run(_worker_servers)
+        warm = client.run(_warm_flags)
     for w in workers:
         assert (1, [1]) in seen[w], (w, seen[w])  # one thread: one server, started once
+        assert warm[w] and all(warm[w]), (w, warm[w])  # warmed, and warming after its jobs until told
 
 
 def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
@@ -133,6 +142,11 @@ def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
     assert local["honest_b.zip"]["received"] == os.lstat(batch / "honest_b.zip").st_mtime
     for f in ("gradebook.csv", "report.md"):
         assert (tmp_path / "dask" / f).read_text() == (local_out / f).read_text(), f
+    # each task told its server whether the archives left repay warming after it (the local
+    # pool's rule): a batch this small never does (11 archives, 2 threads, 9 shapes)
+    with distributed.Client(cluster.scheduler_address, set_as_default=False) as client:
+        warm = client.run(_warm_flags)
+    assert all(flags and not any(flags) for flags in warm.values()), warm
     # resume: a second run on the cluster grades nothing
     log = []
     _grade(batch, tmp_path / "dask", cluster.scheduler_address, log.append)
