@@ -33,19 +33,30 @@ def cases_and_expected(exercises: list[Exercise]):
     return out
 
 
-def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax") -> dict[str, ExerciseResult]:
-    """One side in a worker that, as a grading worker does, reads the workers' compilation cache."""
+_SIDE_LIMITS = Limits(per_exercise_s=300, per_archive_s=7200)
+
+
+def _side_server() -> WorkerServer:
+    """A worker server that, as a grading worker's does, reads the workers' compilation cache."""
     from .xla_cache import worker_cache_dir
 
+    server = WorkerServer(Plain(_SIDE_LIMITS, worker_cache_dir()))
+    server.warm = False  # a job or two: no later child to warm for
+    return server
+
+
+def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax",
+             server: WorkerServer | None = None) -> dict[str, ExerciseResult]:
+    """One side, as one job of ``server`` (default: a server of its own, :func:`_side_server`)."""
     items = [(e, data[e.id][0] + data[e.id][2]) for e in exercises]
-    limits = Limits(per_exercise_s=300, per_archive_s=7200)
-    server = WorkerServer(Plain(limits, worker_cache_dir()))
-    server.warm = False  # one job: no later child to warm for
+    own = server is None
+    server = server or _side_server()
     files = package_files(package)
     try:
-        raw = run_worker(server, files, items, limits, backend=backend)
+        raw = run_worker(server, files, items, _SIDE_LIMITS, backend=backend)
     finally:
-        server.close()
+        if own:
+            server.close()
     results = {}
     stubbed = stubbed_exercises(files)
     for e in exercises:
@@ -67,10 +78,14 @@ def two_sided(exercises: list[Exercise], backend: str = "jax", data=None) -> tup
     from .release import write_stubs
 
     data = data or cases_and_expected(exercises)
-    ref = run_side(ROOT, exercises, data, backend)
-    with tempfile.TemporaryDirectory() as tmp:
-        write_stubs(Path(tmp), all_exercises(), strict=False)
-        stub = run_side(Path(tmp), exercises, data, backend)
+    server = _side_server()  # both sides' jobs: one server start, not two
+    try:
+        ref = run_side(ROOT, exercises, data, backend, server)
+        with tempfile.TemporaryDirectory() as tmp:
+            write_stubs(Path(tmp), all_exercises(), strict=False)
+            stub = run_side(Path(tmp), exercises, data, backend, server)
+    finally:
+        server.close()
     return ref, stub
 
 
