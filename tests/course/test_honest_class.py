@@ -60,7 +60,10 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     ref = library_files(ROOT)
     env = {k: v for k, v in os.environ.items() if k != "ATTN_COURSE_SECRET"}
     env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    cmd = [sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out), "--exercises", "3.5"]
+    # one worker: two of the four archives are refused before running, and what is tested is who
+    # counts, not running side by side (a second server would cost a start per run)
+    cmd = [sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out), "--exercises", "3.5",
+           "--jobs", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 2 and "ATTN_COURSE_SECRET" in r.stderr and not out.exists()
     # alice submits twice: the newer manifest time is on the OLDER file (received first)
