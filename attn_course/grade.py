@@ -140,12 +140,13 @@ class Grader:
     def worth_warming(self, archives: int, slots: int) -> bool:
         """Whether warming the servers repays itself on ``archives`` graded by ``slots`` servers.
 
-        A server's warm-up costs about 0.1 CPU-s per distinct shape of the
-        class's cases (chapter 3: 9 shapes, 1 s; the whole course: 117
-        shapes, 11 s), and saves each later archive's child 0.15-0.2 s (a
-        chapter-3 child: 0.47 -> 0.31 CPU-s).  A server warms when it has at
-        least as many archives to grade as the class has shapes: a class of
-        hundreds always, a regrade of a few late archives never.
+        A server's warm-up costs about 0.24 CPU-s per distinct shape of the
+        class's cases (chapter 3: 8 shapes, 1.9 s; the whole course: 117
+        shapes, 24 s), and saves each later archive's child about as much,
+        0.2-0.24 s (a chapter-3 child: 0.63-0.69 -> 0.45 CPU-s).  A server
+        warms when it has at least as many archives to grade as the class
+        has shapes: a class of hundreds always, a regrade of a few late
+        archives never.
         """
         return archives >= max(1, slots) * max(1, self.case_shapes())
 

@@ -143,7 +143,7 @@ def test_dask_cluster_grades_as_the_local_pool(batch, cluster, local, tmp_path):
     for f in ("gradebook.csv", "report.md"):
         assert (tmp_path / "dask" / f).read_text() == (local_out / f).read_text(), f
     # each task told its server whether the archives left repay warming after it (the local
-    # pool's rule): a batch this small never does (11 archives, 2 threads, 9 shapes)
+    # pool's rule): a batch this small never does (11 archives for 2 threads and 8 shapes)
     with distributed.Client(cluster.scheduler_address, set_as_default=False) as client:
         warm = client.run(_warm_flags)
     assert all(flags and not any(flags) for flags in warm.values()), warm
