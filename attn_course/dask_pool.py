@@ -160,10 +160,8 @@ def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
     """One archive, on a Dask worker: :meth:`Grader.grade_one` on a private copy of its bytes.
 
     ``left``: the archives of the batch not yet sent when this one was, and
-    ``slots`` the cluster's worker threads: the slot's server warms after
-    this job only while those repay it (:meth:`Grader.worth_warming`, the
-    local pool's rule), so a server started again late in a batch (after a
-    job that killed it) does not warm for the last few archives.
+    ``slots`` the cluster's worker threads: whether the slot's server warms
+    after this job (:meth:`Grader.warm_after_job`, as in the local pool).
     """
     wg = _worker_grader(config)
     if "/" in name or name in ("", ".", ".."):
@@ -171,7 +169,7 @@ def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
     slot = wg.acquire()
     try:
         if left is not None:
-            wg.grader._server(slot).warm = wg.grader.worth_warming(left, slots)
+            wg.grader.warm_after_job(slot, left, slots)
         with tempfile.TemporaryDirectory(prefix="attn-dask-") as tmp:
             path = Path(tmp) / name
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -150,6 +150,15 @@ class Grader:
         """
         return archives >= max(1, slots) * max(1, self.case_shapes())
 
+    def warm_after_job(self, slot: int, left: int, slots: int) -> None:
+        """Whether ``slot``'s server warms after its next job: only when the servers warm at all
+        (:meth:`start_workers`) and the ``left`` archives not yet begun, over ``slots`` servers,
+        repay it (:meth:`worth_warming`).  So a server started again near the end of a batch,
+        after a job that killed it, does not spend a warm-up on the last few archives (a server
+        already warm has nothing left to warm either way).  The local pool and a Dask task both
+        call this before each archive."""
+        self._server(slot).warm = self._warm and self.worth_warming(left, slots)
+
     def start_workers(self, count: int | None = None, warm: bool = True) -> None:
         """Start each slot's worker server and warm it on the class's case shapes (after :meth:`prepare`).
 
@@ -430,10 +439,7 @@ class LocalPool:
         def work(archive):
             with g._lock:
                 slot = slots.pop()
-                # a server warms after a job only while the archives still to come repay it: one
-                # started again (after a job that killed it) near the end of the batch does not
-                # (a server already warm has nothing left to warm either way)
-                g._server(slot).warm = warm and g.worth_warming(left[0], n)
+                g.warm_after_job(slot, left[0], n)
                 left[0] -= 1
             try:
                 return g.grade_one(archive, slot)
