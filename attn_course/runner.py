@@ -185,8 +185,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 verdict = Outcome.failure("timeout", f"stopped after {limits.per_exercise_s:g} s (time limit)")
             elif deadline is not None and now >= deadline:
                 verdict = Outcome.failure("budget", "stopped: the archive's time budget was spent")
-            else:
-                time.sleep(0.01)
+            else:  # until the worker writes, the next look at the process limit, or a limit's end
+                until = min(look, started + limits.per_exercise_s + grace, deadline if deadline is not None else look)
+                server.wait(min(max(until - now, 0.0), 0.1) + 0.001)
         if verdict is not None or (done is not None and not done.clean):
             server.kill()  # a new, pristine server for what follows
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -59,6 +60,7 @@ class WorkerServer:
         self.sandbox, self.start_timeout_s = sandbox, start_timeout_s
         self.proc: subprocess.Popen | None = None
         self._buf = b""
+        self._eof = False  # the server's end of the pipe is closed: nothing more will come
         self.starts = 0
         self.closed = False  # after close() no new server starts (Ctrl-C, the end of a batch)
         # after each job the server traces JAX's operations on its cases' shapes, so that later
@@ -84,7 +86,7 @@ class WorkerServer:
                                      cwd="/")
         self.starts += 1
         os.set_blocking(self.proc.stdout.fileno(), False)
-        self._buf = b""
+        self._buf, self._eof = b"", False
 
     def wait_ready(self) -> None:
         """Wait until the launched server has imported what it needs; kills it if it does not start."""
@@ -168,6 +170,24 @@ class WorkerServer:
     def _pending(self) -> bool:
         return b"\n" in self._buf
 
+    def wait(self, timeout: float) -> None:
+        """Return when the server has written something (or closed its end), or after ``timeout`` s.
+
+        What a job's runner does between two :meth:`poll` calls: it wakes
+        when a line arrives instead of at a fixed rate, and costs nothing
+        while the job runs.
+        """
+        proc = self.proc
+        if proc is None or self._pending():
+            return
+        if self._eof:  # always readable now: a plain pause until poll sees the server's end
+            time.sleep(min(max(0.0, timeout), 0.01))
+            return
+        try:
+            select.select([proc.stdout], [], [], max(0.0, timeout))
+        except (OSError, ValueError):  # closed meanwhile (killed by another thread): poll says so
+            pass
+
     def _message(self):
         """The next whole message: 'ready', a Line, a Done, 'bad', or None for nothing yet."""
         proc = self.proc
@@ -182,6 +202,8 @@ class WorkerServer:
                 chunk = b""
             if chunk:
                 self._buf += chunk
+            elif chunk == b"":
+                self._eof = True
             if len(self._buf) > MAX_LINE and b"\n" not in self._buf:
                 return "bad"
         if b"\n" not in self._buf:

@@ -37,6 +37,11 @@ class Scripted:
         self.cases = {item["id"]: len(item["cases"]) for item in job["exercises"]}
         self.script = list(self.scripts.pop(0))
 
+    def wait(self, timeout):
+        """Like a server's: at once when the script has more to say, else after ``timeout``."""
+        if not self.script or self.script[0] == "hang":
+            time.sleep(timeout)
+
     def poll(self):
         out = []
         while self.script:
@@ -137,3 +142,46 @@ def test_a_job_at_its_process_limit_is_stopped_at_once_and_blames_its_exercise()
     assert server.kills == 1
     assert [o.status for o in raw["3.2"]] == ["crashed"] and "process limit" in raw["3.2"][0].message
     assert [o.status for o in raw["3.3"]] == ["ok"] * len(raw["3.3"])
+
+
+class _Command:
+    """A sandbox that runs a given command as the server (no confinement: our own script)."""
+
+    def __init__(self, code: str):
+        import sys
+
+        self.argv = [sys.executable, "-c", code]
+
+    def server_command(self):
+        return self.argv, None
+
+    def cleanup(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_the_runner_wakes_when_the_server_writes_and_does_not_spin_on_a_closed_pipe():
+    """WorkerServer.wait: back as soon as a line arrives (not at its timeout); once the server has
+    closed its end while alive, a pause per call rather than a loop that returns at once."""
+    from attn_course.server import WorkerServer
+
+    server = WorkerServer(_Command("import os, sys, time\ntime.sleep(0.3)\n"
+                                   "sys.stdout.write('{\"out\": \"x\"}\\n'); sys.stdout.flush()\n"
+                                   "os.close(1); sys.stdout = None\ntime.sleep(30)\n"))
+    server.launch()
+    try:
+        t = time.monotonic()
+        server.wait(20)
+        woke = time.monotonic() - t
+        assert woke < 15, woke  # the line woke it, not the timeout
+        assert server.poll() == [Line("x")]
+        calls, t = 0, time.monotonic()
+        while time.monotonic() - t < 0.5:  # the pipe is at its end but the server lives
+            server.wait(0.1)
+            assert server.poll() == []
+            calls += 1
+        assert calls < 200, calls  # a pause of 10 ms a call is 50 at most; a spin is thousands
+    finally:
+        server.close()
