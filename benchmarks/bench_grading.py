@@ -3,8 +3,9 @@
 Prints, for `attn-course grade` on 100 archives (half honest, a quarter
 untouched stubs, a quarter with one wrong function), the wall time and the
 cost per submission in core-seconds, and the same for `nbgrader autograde`
-on the equivalent chapter-3 notebooks (answered with the solutions), which
-grades one submission at a time.  Targets (issue 14): the 100 within 30 s on
+on the equivalent chapter-3 notebooks (the same mix: the solutions' answers,
+the release as it is, or the solutions with the same wrong function added
+to its answer cell), which grades one submission at a time.  Targets (issue 14): the 100 within 30 s on
 2 cores, and at least 10x cheaper per submission than nbgrader autograde.
 
 Core-seconds are measured as the CPU time the kernel charged to the
@@ -195,15 +196,22 @@ def nbgrader_per_submission(k: int, meter: CpuMeter) -> tuple[float, bool]:
         sol = json.loads((course / "solutions/ch03/ch03.ipynb").read_text())
         rel = json.loads((course / "exercises/ch03/ch03.ipynb").read_text())
         by_id = {c["metadata"]["nbgrader"]["grade_id"]: c for c in sol["cells"]}
-        for c in rel["cells"]:
+        honest = json.loads(json.dumps(rel))
+        for c in honest["cells"]:
             gid = c["metadata"]["nbgrader"]["grade_id"]
             if gid.endswith("-answer"):
                 c["source"] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION\n", "", "".join(by_id[gid]["source"]), flags=re.M)
-        for s in range(n):
-            d = course / "grading" / "submitted" / f"s{s}" / "ch03"
+        for s in range(n):  # the mix of make_class: one in four untouched, one in four with a mistake
+            nb = rel if s % 4 == 1 else json.loads(json.dumps(honest))
+            if s % 4 == 3:
+                ex, code = list(WRONG.items())[s % len(WRONG)]
+                cell = next(c for c in nb["cells"] if c["metadata"]["nbgrader"]["grade_id"] ==
+                            f"ex-{ex.replace('.', '-')}-answer")
+                cell["source"] = "".join(cell["source"]) + "\n\n" + code
+            d = course / "grading" / "submitted" / f"s{s:03d}" / "ch03"
             d.mkdir(parents=True)
-            (d / "ch03.ipynb").write_text(json.dumps(rel))
-        graded = [course / "grading" / "autograded" / f"s{s}" / "ch03" / "ch03.ipynb" for s in range(n)]
+            (d / "ch03.ipynb").write_text(json.dumps(nb))
+        graded = [course / "grading" / "autograded" / f"s{s:03d}" / "ch03" / "ch03.ipynb" for s in range(n)]
         meter.start()
         t = time.perf_counter()
         half = None
