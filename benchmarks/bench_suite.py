@@ -8,7 +8,9 @@ included), how busy that kept the two cores, and the test files that took
 longest (their tests' durations summed).  Target: at most 240 s of wall time
 on 2 cores.  The first run after a change of the course's code is partly
 cold (the result cache's keys cover that code): run it twice and read the
-second.  Timings on a shared machine vary by about 10 s from run to run.
+second.  Timings on a shared machine vary by about 10 s from run to run, and
+by more from hour to hour (236 s and 260 s the same day, on code of the same
+cost).
 
     python benchmarks/bench_suite.py [--workers 2] [--top 12]
 """
