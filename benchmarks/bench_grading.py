@@ -43,6 +43,7 @@ throughput and the cost per submission in core-seconds.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
@@ -231,8 +232,13 @@ def nbgrader_per_submission(k: int, meter: CpuMeter) -> tuple[float, bool]:
         total = cpu if cpu is not None else wall
         per = (total - half) / k
         how = "CPU time measured" if cpu is not None else "estimated as its wall time"
+        # its grades, read after the timed run: that the mix was graded as meant (as our "with full marks")
+        subprocess.run([f"{bin_dir}/nbgrader", "export", "--to", "grades.csv"], cwd=course, env=env,
+                       check=True, capture_output=True)
+        rows = list(csv.DictReader(open(course / "grades.csv")))
+        full = sum(1 for r in rows if float(r["score"]) == float(r["max_score"]) > 0)
         print(f"nbgrader autograde: {n} submissions of ch03.ipynb, one at a time: wall {wall:.1f} s, "
-              f"{total:.1f} core-s ({how})")
+              f"{total:.1f} core-s ({how}); {full} with full marks")
         print(f"  nbgrader per further submission: {per:.2f} core-s (notebooks {k + 1} to {n} and the run's "
               f"end, / {k}); before them: {half:.1f} core-s")
         return per, cpu is not None
