@@ -5,8 +5,9 @@ untouched stubs, a quarter with one wrong function), the wall time and the
 cost per submission in core-seconds, and the same for `nbgrader autograde`
 on the equivalent chapter-3 notebooks (the same mix: the solutions' answers,
 the release as it is, or the solutions with the same wrong function added
-to its answer cell), which grades one submission at a time.  Targets (issue 14): the 100 within 30 s on
-2 cores, and at least 10x cheaper per submission than nbgrader autograde.
+to its answer cell), which grades one submission at a time.  Targets (issue
+14): the 100 within 30 s on 2 cores, and at least 10x cheaper per
+submission than nbgrader autograde.
 
 Core-seconds are measured as the CPU time the kernel charged to the
 benchmark and every process it started (a cgroup, :mod:`_cpu`), so other
@@ -103,7 +104,7 @@ def ours_per_further_submission(n: int, jobs: int, meter: CpuMeter) -> float:
     the report and gradebook of the whole class are paid after the mark, so
     they count.  Without a cgroup, the two halves' wall times x workers.
     """
-    wall, total, measured, half = grade_class(2 * n, jobs, meter, mark=n)
+    _, total, measured, half = grade_class(2 * n, jobs, meter, mark=n)
     per = (total - half) / n
     print(f"  per further submission: {per:.2f} core-s (results {n + 1} to {2 * n} and the run's end, / {n}; "
           f"{'CPU time measured' if measured else 'estimated as wall x workers'})")
@@ -235,7 +236,8 @@ def nbgrader_per_submission(k: int, meter: CpuMeter) -> tuple[float, bool]:
         # its grades, read after the timed run: that the mix was graded as meant (as our "with full marks")
         subprocess.run([f"{bin_dir}/nbgrader", "export", "--to", "grades.csv"], cwd=course, env=env,
                        check=True, capture_output=True)
-        rows = list(csv.DictReader(open(course / "grades.csv")))
+        with open(course / "grades.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
         full = sum(1 for r in rows if float(r["score"]) == float(r["max_score"]) > 0)
         print(f"nbgrader autograde: {n} submissions of ch03.ipynb, one at a time: wall {wall:.1f} s, "
               f"{total:.1f} core-s ({how}); {full} with full marks")
