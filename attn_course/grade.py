@@ -469,12 +469,14 @@ def main_grade(args) -> int:
         from .identity import load_roster
 
         roster = load_roster(Path(args.roster))
+    if not args.budget > 0:  # 0, less or nan: every archive would score 0 (its budget spent at once)
+        print(f"attn-course: --budget must be a number of seconds above 0, got {args.budget:g}", file=sys.stderr)
+        return 2
     limits = replace(GRADING_LIMITS, per_archive_s=args.budget)
-    late = None
-    if getattr(args, "deadline", None):
-        from .late import LatePolicy
+    from .late import policy_from_options
 
-        late = LatePolicy.parse(args.deadline, args.grace, args.late_penalty)
+    late = policy_from_options(getattr(args, "deadline", None), getattr(args, "grace", 0.0),
+                               getattr(args, "late_penalty", 0.0))
     g = Grader(Path(args.out), args.exercises, jobs=args.jobs, limits=limits,
                use_bwrap=False if args.no_bwrap else None, ci_secret=args.ci_secret, roster=roster,
                require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend,

@@ -53,8 +53,8 @@ class LatePolicy:
                 raise LatePolicyError(f"late policy: {name} must be a finite number >= 0, got {v!r}")
         if self.penalty_per_day > 1 or self.max_penalty > 1:
             raise LatePolicyError("late policy: penalties are fractions of the points, at most 1 (100%)")
-        if not math.isfinite(self.deadline):
-            raise LatePolicyError(f"late policy: the deadline is not a time: {self.deadline!r}")
+        if not math.isfinite(self.deadline) or _local_time(self.deadline) is None:
+            raise LatePolicyError(f"late policy: the deadline is not a time this machine can show: {self.deadline!r}")
 
     @classmethod
     def parse(cls, deadline: str, grace_minutes: float = 0.0, penalty_percent_per_day: float = 0.0,
@@ -68,6 +68,11 @@ class LatePolicy:
         if when.tzinfo is None:
             raise LatePolicyError(f"--deadline {deadline!r} has no time zone: add one (e.g. +00:00 or Z), "
                                   "so that it means the same moment on every machine")
+        if _local_time(when.timestamp()) is None:
+            raise LatePolicyError(f"--deadline {deadline!r} is out of the range of dates (years 1 to 9999) "
+                                  "in this machine's time zone")
+        _check_option("--grace", grace_minutes, "minutes", 60.0)
+        _check_option("--late-penalty", penalty_percent_per_day, "percent per day", 0.01)
         return cls(when.timestamp(), grace_minutes * 60.0, penalty_percent_per_day / 100.0,
                    max_penalty_percent / 100.0)
 
@@ -79,6 +84,34 @@ class LatePolicy:
         return Lateness(days, max(0.0, 1.0 - min(self.max_penalty, self.penalty_per_day * days)))
 
     def describe(self) -> str:
-        when = datetime.fromtimestamp(self.deadline).astimezone().isoformat(timespec="minutes")
+        when = _local_time(self.deadline)
         return (f"deadline {when}, grace {self.grace_s / 60:g} min, penalty {self.penalty_per_day * 100:g}% "
                 f"per started day late (at most {self.max_penalty * 100:g}%)")
+
+
+def _local_time(stamp: float) -> str | None:
+    """``stamp`` in this machine's time zone (ISO 8601, minutes), or None if no date can show it."""
+    try:
+        return datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="minutes")
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def policy_from_options(deadline: str | None, grace_minutes: float = 0.0,
+                        penalty_percent_per_day: float = 0.0) -> LatePolicy | None:
+    """The late policy of ``attn-course grade``'s options, or None without ``--deadline``.
+
+    A grace or a penalty without a deadline would be silently ignored: it is
+    refused instead.
+    """
+    if deadline is None:
+        if grace_minutes or penalty_percent_per_day:
+            raise LatePolicyError("--grace and --late-penalty need --deadline (the time they count from)")
+        return None
+    return LatePolicy.parse(deadline, grace_minutes, penalty_percent_per_day)
+
+
+def _check_option(flag: str, value: float, unit: str, scale: float) -> None:
+    """A command-line number of the policy: finite, >= 0, and still finite in the policy's own unit."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 and math.isfinite(value * scale)):
+        raise LatePolicyError(f"{flag} must be a finite number >= 0 ({unit}), got {value!r}")

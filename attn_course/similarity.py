@@ -37,12 +37,13 @@ from pathlib import Path
 from . import RELEASE_LIBRARY
 from .archive import Rejected, library_files, read_submission
 from .results import ArchiveResult, atomic_write, latest_by_student
-from .text import md_inline, plain
+from .text import CUT, md_inline, plain
 from .workspace import ASSIGNMENT
 
 K = 25  # k-gram length in normalised characters (copydetect's default noise threshold)
 WINDOW = 4  # winnowing window (copydetect's default guarantee threshold is K + WINDOW - 1)
 MAX_CODE = 100_000  # characters of one module's student code considered
+MAX_LINES = 5_000  # lines of one module's student code considered (bounds difflib's cost)
 MAX_SHOWN = 200  # pairs in the report
 SHOW_CHARS = 20_000  # characters of code shown per side in the HTML view
 
@@ -76,8 +77,16 @@ class SimilarityReport:
 
 
 def student_code(source: str, stub: str) -> str:
-    """The lines of ``source`` that are not the stub's (what the student wrote), in order."""
-    a, b = stub.splitlines(), source.splitlines()
+    """The lines of ``source`` that are not the stub's (what the student wrote), in order.
+
+    Each stub line matches at most one line of ``source``, so the student's
+    first :data:`MAX_CODE` characters and :data:`MAX_LINES` lines lie in its
+    first ``len(stub) + MAX_CODE`` characters and ``stub lines + MAX_LINES``
+    lines: only those are compared.  difflib's cost grows with how often a
+    stub line repeats in ``source`` (a 2 MB file of blank lines took minutes).
+    """
+    a = stub.splitlines()
+    b = source[: len(stub) + MAX_CODE].splitlines()[: len(a) + MAX_LINES]
     out = []
     for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag in ("replace", "insert"):
@@ -179,16 +188,29 @@ def report_markdown(rep: SimilarityReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shown(text: str) -> str:
+    """A piece of a student's code for the HTML view: control and invisible characters removed, escaped."""
+    return html.escape(plain(text, max(len(text), len(CUT) + 1), newlines=True)) if text else ""
+
+
 def _highlighted(code: str, slices: tuple[tuple[int, int], ...]) -> str:
-    code = plain(code, SHOW_CHARS, newlines=True)
+    """``code`` (its first :data:`SHOW_CHARS` characters) with the copied ``slices`` marked.
+
+    The slices are offsets in ``code`` as compared, so the code is cut at them
+    first and each piece cleaned afterwards: characters that :func:`plain`
+    removes (zero-width, escapes) cannot shift a highlight off the copy.
+    """
+    shown = code[:SHOW_CHARS]
     out, pos = [], 0
     for start, end in sorted(slices):
-        start, end = max(start, pos), min(end, len(code))
+        start, end = max(start, pos), min(end, len(shown))
         if start >= end:
             continue
-        out += [html.escape(code[pos:start]), "<mark>", html.escape(code[start:end]), "</mark>"]
+        out += [_shown(shown[pos:start]), "<mark>", _shown(shown[start:end]), "</mark>"]
         pos = end
-    out.append(html.escape(code[pos:]))
+    out.append(_shown(shown[pos:]))
+    if len(code) > SHOW_CHARS:
+        out.append(CUT)
     return "".join(out)
 
 

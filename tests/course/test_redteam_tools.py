@@ -1,0 +1,120 @@
+"""Red team of the instructor's tools: similarity report, late policy, and the grade command's options.
+
+A submission is hostile (its code can be any bytes within the archive's
+limits); the instructor's options can be mistyped.  No sandbox runs here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from attn_course import RELEASE_LIBRARY
+from attn_course.archive import library_files
+from attn_course.cli import main
+from attn_course.late import LatePolicy, LatePolicyError
+from attn_course.similarity import MAX_CODE, compare_class, report_html, student_code
+
+STUBS = {n: d.decode() for n, d in library_files(RELEASE_LIBRARY).items()}
+MODULE = "attn_tensors/statmech.py"
+BODY = """    if mask is not None:
+        S = xp.where(mask, S, -xp.inf)
+    peak = xp.max(S / T, axis=-1, keepdims=True)
+    total = xp.sum(xp.exp(S / T - peak), axis=-1)
+    return xp.log(total) + peak[..., 0]
+"""
+
+
+# -- similarity ------------------------------------------------------------------------------
+
+
+def test_a_file_of_blank_lines_costs_no_more_than_its_capped_code(monkeypatch):
+    """400k blank lines (400 KB, well inside an archive's 2 MB per file) once took difflib ~10 s per module:
+    the diff is given no more than the stub's lines and MAX_LINES more, whatever the file holds."""
+    import difflib
+
+    from attn_course import similarity
+
+    stub = STUBS[MODULE]
+    seen = []
+    real = difflib.SequenceMatcher
+
+    def matcher(junk, a, b, **kw):
+        seen.append((len(a), len(b), sum(map(len, b))))
+        return real(junk, a, b, **kw)
+
+    monkeypatch.setattr(similarity.difflib, "SequenceMatcher", matcher)
+    code = student_code(stub + "\n" * 400_000 + BODY, stub)
+    (n_stub, n_lines, n_chars), = seen
+    assert n_stub == len(stub.splitlines())
+    assert n_lines <= n_stub + similarity.MAX_LINES and n_chars <= len(stub) + MAX_CODE
+    assert len(code) <= MAX_CODE
+    # what a student wrote in an ordinary file is still found whole
+    assert student_code(stub.replace("    raise NotImplementedError", BODY + "    raise NotImplementedError", 1),
+                        stub).strip() == BODY.strip()
+
+
+def _marked(page: str, side: int) -> str:
+    """The highlighted text of one side (0: A, 1: B) of the first pair in the HTML view."""
+    pre = re.findall(r"<pre>(.*?)</pre>", page, re.S)[side]
+    return "".join(re.findall(r"<mark>(.*?)</mark>", pre, re.S))
+
+
+def test_invisible_characters_do_not_shift_the_highlighted_copy():
+    """Zero-width characters are removed from the view; the highlight must still cover the copied code."""
+    prefix = "    # " + "\u200b" * 40 + " unrelated words here and there\n    zz = 12345\n"
+    rep = compare_class({"a": {MODULE: BODY}, "b": {MODULE: prefix + BODY}}, {MODULE: STUBS[MODULE]}, 0.5)
+    assert [(p.a, p.b) for p in rep.pairs] == [("a", "b")]
+    page = report_html(rep)
+    assert "\u200b" not in page
+    for side in (0, 1):
+        shown = _marked(page, side)
+        assert shown.lstrip().startswith("if mask is not None:"), shown[:60]
+        assert "unrelated" not in shown and "zz" not in shown
+
+
+# -- late policy -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("deadline", ["9999-12-31T23:59:00-14:00", "0001-01-01T00:00:00+14:00"])
+def test_a_deadline_no_date_can_show_is_refused_when_parsed(deadline, monkeypatch):
+    """Such a deadline once parsed, then crashed every late student's feedback (describe) after grading."""
+    import time
+
+    # UTC years 10000 and 0: outside datetime's range in UTC (the machine's zone is set, so that the
+    # verdict is the same on every machine: UTC+14 could still show the second one)
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        with pytest.raises(LatePolicyError, match="--deadline"):
+            LatePolicy.parse(deadline)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    (dict(grace_minutes=-5), "--grace"), (dict(grace_minutes=1e308), "--grace"),
+    (dict(grace_minutes=float("nan")), "--grace"), (dict(penalty_percent_per_day=-5), "--late-penalty"),
+])
+def test_late_option_errors_name_the_option_as_typed(kwargs, flag):
+    with pytest.raises(LatePolicyError, match=re.escape(flag)):
+        LatePolicy.parse("2026-12-01T23:59:00Z", **kwargs)
+
+
+# -- the grade command's options -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--late-penalty", "10"], "--deadline"), (["--grace", "30"], "--deadline"),
+    (["--budget", "0"], "--budget"), (["--budget", "nan"], "--budget"), (["--budget", "-5"], "--budget"),
+])
+def test_grade_refuses_options_it_would_silently_ignore_or_misuse(tmp_path, capsys, extra, flag):
+    """A penalty without a deadline was dropped; a budget of 0 scored every archive 0 (budget spent)."""
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    subs.mkdir()
+    rc = main(["grade", str(subs), "--out", str(out), "--ci-secret", "--no-bwrap", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and flag in err and "Traceback" not in err, err
+    assert not out.exists()  # refused before anything is written
