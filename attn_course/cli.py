@@ -304,14 +304,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _instructor_errors() -> tuple[type[Exception], ...]:
-    """The errors of the grading commands (the late policy, the Dask cluster) that are the
-    user's to fix; the students' wheel has neither module."""
+    """The errors of the grading commands (the late policy, the Dask cluster, the output
+    folder) that are the user's to fix; the students' wheel has none of these modules."""
     try:
         from .dask_pool import ClusterError
+        from .grade import OutputFolderError
         from .late import LatePolicyError
     except ModuleNotFoundError:
         return ()
-    return (LatePolicyError, ClusterError)
+    return (LatePolicyError, ClusterError, OutputFolderError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,6 +71,37 @@ from .workspace import ASSIGNMENT
 
 BACKEND_CHOICES = ("jax", "mlx", "both")
 
+# what a grading folder holds: the grader's files (report, similarity, nbgrader's part) and nothing else
+GRADING_NAMES = frozenset({"results", "feedback", "exports", "similarity", "nbgrader", "gradebook.csv", "grades.csv",
+                           "report.md", "histograms.svg", "histograms.png", ".histograms.key"})
+
+
+class OutputFolderError(ValueError):
+    """``--out`` names a folder that is not the grader's to write in."""
+
+
+def claim_output(out: Path) -> None:
+    """Make ``out`` the grading folder (created if need be, private: mode 0700).
+
+    A folder that already holds anything the grader does not write (the
+    names of :data:`GRADING_NAMES`, or an interrupted write's temporary
+    ``.NAME.*``) is refused, untouched: ``--out`` naming a folder of the
+    user's own (the home folder, the submissions) would otherwise have its
+    mode changed and a ``gradebook.csv`` or ``report.md`` of theirs replaced.
+    A folder the grader wrote is taken again (resume).
+    """
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise OutputFolderError(f"--out {out}: not a folder (a link or a file); name a new folder")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir()
+                       if p.name not in GRADING_NAMES and not any(p.name.startswith(f".{n}.") for n in GRADING_NAMES))
+        if other:
+            shown = ", ".join(terminal(n, 60) for n in other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+            raise OutputFolderError(f"--out {out} holds files that attn-course grade did not write ({shown}): "
+                                    "name a new or empty folder, or one it graded into before")
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o700)
+
 
 class Grader:
     def __init__(self, out: Path | None, spec: str = "all", jobs: int = 2, limits: Limits | None = None,
@@ -85,8 +116,7 @@ class Grader:
         self.late = late  # attn_course.late.LatePolicy | None: applied to the totals, not to the scores
         self.out = Path(out) if out is not None else None
         if self.out is not None:
-            self.out.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.out, 0o700)
+            claim_output(self.out)
         self.spec = spec
         self.exercises: list[Exercise] = select(spec)
         self.jobs = max(1, jobs)

@@ -118,3 +118,35 @@ def test_grade_refuses_options_it_would_silently_ignore_or_misuse(tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 2 and flag in err and "Traceback" not in err, err
     assert not out.exists()  # refused before anything is written
+
+
+def test_grade_refuses_an_out_folder_it_did_not_write_and_leaves_it_untouched(tmp_path, capsys):
+    """`--out` naming a folder of the user's would have had its mode set to 0700 and its
+    gradebook.csv replaced; a folder the grader wrote (or an empty one) is taken."""
+    import os
+
+    from attn_course.grade import claim_output
+
+    subs, mine = tmp_path / "submitted", tmp_path / "mine"
+    subs.mkdir()
+    mine.mkdir()
+    (mine / "gradebook.csv").write_text("my own marks\n")
+    (mine / "notes\x1b[2J.txt").write_text("x")
+    os.chmod(mine, 0o755)
+    rc = main(["grade", str(subs), "--out", str(mine), "--ci-secret", "--no-bwrap"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "did not write" in err and "notes" in err and "\x1b" not in err, err
+    assert (mine / "gradebook.csv").read_text() == "my own marks\n"
+    assert oct(mine.stat().st_mode & 0o777) == "0o755" and len(list(mine.iterdir())) == 2
+    # a link is refused too; the grader's own folder (an interrupted write's temporary included) is taken
+    (tmp_path / "link").symlink_to(mine)
+    with pytest.raises(ValueError, match="not a folder"):
+        claim_output(tmp_path / "link")
+    ours = tmp_path / "ours"
+    for d in ("results", "feedback", "exports"):
+        (ours / d).mkdir(parents=True)
+    (ours / "report.md").write_text("r")
+    (ours / ".gradebook.csv.k2j3h4").write_text("")
+    claim_output(ours)
+    claim_output(tmp_path / "new" / "grading")
+    assert oct(ours.stat().st_mode & 0o777) == oct((tmp_path / "new" / "grading").stat().st_mode & 0o777) == "0o700"
