@@ -90,8 +90,8 @@ def claim_output(out: Path) -> None:
     mode changed and a ``gradebook.csv`` or ``report.md`` of theirs replaced.
     A folder the grader wrote is taken again (resume).
     """
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise OutputFolderError(f"--out {out}: not a folder (a link or a file); name a new folder")
+    if out.exists() and not out.is_dir():
+        raise OutputFolderError(f"--out {out}: a file, not a folder; name a new folder")
     if out.is_dir():
         other = sorted(p.name for p in out.iterdir()
                        if p.name not in GRADING_NAMES and not any(p.name.startswith(f".{n}.") for n in GRADING_NAMES))

@@ -138,10 +138,14 @@ def test_grade_refuses_an_out_folder_it_did_not_write_and_leaves_it_untouched(tm
     assert rc == 2 and "did not write" in err and "notes" in err and "\x1b" not in err, err
     assert (mine / "gradebook.csv").read_text() == "my own marks\n"
     assert oct(mine.stat().st_mode & 0o777) == "0o755" and len(list(mine.iterdir())) == 2
-    # a link is refused too; the grader's own folder (an interrupted write's temporary included) is taken
+    # a link to it is the same folder, and a file is no folder; the grader's own folder (an
+    # interrupted write's temporary included) is taken
     (tmp_path / "link").symlink_to(mine)
-    with pytest.raises(ValueError, match="not a folder"):
+    with pytest.raises(ValueError, match="did not write"):
         claim_output(tmp_path / "link")
+    with pytest.raises(ValueError, match="not a folder"):
+        claim_output(mine / "gradebook.csv")
+    assert oct(mine.stat().st_mode & 0o777) == "0o755"
     ours = tmp_path / "ours"
     for d in ("results", "feedback", "exports"):
         (ours / d).mkdir(parents=True)
