@@ -32,6 +32,7 @@ import atexit
 import os
 import pickle
 import hashlib
+import re
 import tempfile
 import threading
 import time
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Iterator
 from .archive import Rejected, _archive_bytes
 from .results import ArchiveResult
 from .sandbox import Limits
+from .text import terminal
 
 if TYPE_CHECKING:
     from .grade import Grader
@@ -111,6 +113,10 @@ class _WorkerGrader:
         if self.grader.fingerprint != config.fingerprint:
             raise ClusterError(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has another course "
                                "secret than the grader (ATTN_COURSE_SECRET in the workers' environment)")
+        if config.notebooks and worker_sandbox(config.use_bwrap) != "bubblewrap":
+            # a worker that joined after DaskPool.check_workers looked: notebook code never runs with limits only
+            raise ClusterError(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has no working "
+                               "bubblewrap, which --notebooks needs")
         self.grader.prepare()
         self.grader.start_workers()
         self.free: list[int] = []
@@ -155,6 +161,14 @@ def worker_fingerprint(ci_secret: bool) -> str:
         return f"no secret: {type(err).__name__}"
 
 
+def worker_sandbox(use_bwrap: bool | None) -> str:
+    """The sandbox this worker's graders confine archives in (``"bubblewrap"`` or ``"limits"``),
+    decided as :func:`~attn_course.sandbox.confinement` decides (run on every worker before a batch)."""
+    from .sandbox import bwrap_works
+
+    return "bubblewrap" if (bwrap_works() if use_bwrap is None else use_bwrap) else "limits"
+
+
 def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
                left: int | None = None, slots: int = 1) -> ArchiveResult:
     """One archive, on a Dask worker: :meth:`Grader.grade_one` on a private copy of its bytes.
@@ -182,30 +196,102 @@ def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
 
 # -- on the grader -----------------------------------------------------------------------
 
+def check_address(address: str) -> None:
+    """Refuses, by name, an address that no Dask scheduler can have, before connecting.
+
+    Dask's ``Client`` raises a bare ``ValueError`` for an unknown scheme or
+    a bad port, and the half-built client then waits twice the connect
+    timeout (two minutes) when it is collected: a traceback, then a hang.
+    """
+    from distributed.comm.addressing import get_address_host_port, parse_address
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, _ = parse_address(address)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            _, port = get_address_host_port(address)
+            if not 0 < port < 65536:
+                raise ValueError(f"no port {port}")
+    except ValueError as err:
+        raise ClusterError(f"--scheduler {terminal(address, 200)}: not a Dask scheduler's address "
+                           f"({terminal(err, 200)}); e.g. tcp://HOST:8786") from None
+
+
+def task_key(name: str) -> str:
+    """A Dask key for one archive's task: its name's first characters, in ASCII, and a random tail.
+
+    Keys travel as msgpack strings (strict UTF-8): a file name that is not
+    UTF-8 (``surrogateescape`` characters) broke the client's connection to
+    the scheduler, and every archive of the batch failed with it.
+    """
+    return f"grade-{re.sub(r'[^A-Za-z0-9_.-]', '_', name[:60])}-{os.urandom(6).hex()}"
+
+
 class DaskPool:
     """Grades a batch on the Dask cluster at ``address``, a bounded number of tasks in flight."""
 
     def __init__(self, address: str, grader: "Grader", connect_timeout_s: float = 60.0):
         from distributed import Client
 
+        check_address(address)
         self.grader = grader
         self.config = TaskConfig.of(grader)
-        self.client = Client(address, timeout=connect_timeout_s, set_as_default=False)
+        try:
+            self.client = Client(address, timeout=connect_timeout_s, set_as_default=False)
+        except (OSError, ValueError) as err:  # TimeoutError is an OSError: the scheduler never answered
+            raise ClusterError(f"cannot connect to the Dask scheduler at {terminal(address, 200)} "
+                               f"({terminal(err, 200)})") from None
         self.futures: dict = {}
 
+    def _on_every_worker(self, function, *args) -> dict:
+        """``function(*args)`` on every worker, by worker; refuses a cluster where it cannot run.
+
+        A worker without this package (or with a version that lacks
+        ``function``) cannot unpickle it: ``client.run`` raised a bare
+        ``Exception`` with the worker's text, a traceback for the instructor.
+        """
+        answers = self.client.run(function, *args, on_error="return")
+        failed = sorted(w for w, a in answers.items() if isinstance(a, BaseException))
+        if failed:
+            raise ClusterError(f"{len(failed)} of {len(answers)} Dask workers cannot run the grader "
+                               f"({terminal(answers[failed[0]], 200)}), e.g. {failed[0]}: install this "
+                               "attn-course where the workers start")
+        return answers
+
     def check_workers(self) -> int:
-        """The number of worker threads; refuses a cluster whose workers lack the grader's secret."""
+        """The number of worker threads; refuses a cluster whose workers lack this package, the
+        grader's secret, or (for ``--notebooks``) a working bubblewrap."""
         deadline = time.monotonic() + 120
         while not self.client.scheduler_info().get("workers"):
             if time.monotonic() > deadline:
                 raise ClusterError("the Dask cluster has no worker (waited 120 s)")
             time.sleep(0.5)
-        prints = self.client.run(worker_fingerprint, self.config.ci_secret)
+        prints = self._on_every_worker(worker_fingerprint, self.config.ci_secret)
         wrong = sorted(w for w, fp in prints.items() if fp != self.config.fingerprint)
         if wrong:
             raise ClusterError(f"{len(wrong)} of {len(prints)} Dask workers have another course secret or none "
                                f"(set ATTN_COURSE_SECRET where the workers start), e.g. {wrong[0]}")
+        self._check_sandboxes()
         return sum(w.get("nthreads", 1) for w in self.client.scheduler_info()["workers"].values())
+
+    def _check_sandboxes(self) -> None:
+        """As locally (:func:`~attn_course.grade.main_grade`): without a working bubblewrap on a
+        worker, ``--notebooks`` is refused (notebook code is not run with limits only) and a
+        library-only batch goes on with a warning; ``--no-bwrap`` (``use_bwrap`` False) asks for
+        limits only.  Before, a worker without bubblewrap ran notebooks with limits, silently."""
+        if self.config.use_bwrap is not None:
+            return
+        kinds = self._on_every_worker(worker_sandbox, None)
+        limited = sorted(w for w, kind in kinds.items() if kind != "bubblewrap")
+        if not limited:
+            return
+        which = f"{len(limited)} of {len(kinds)} Dask workers (e.g. {limited[0]}) have no working bubblewrap"
+        if self.config.notebooks:
+            raise ClusterError(f"--notebooks needs bubblewrap: {which}; notebook code is not run without it "
+                               "(install the Debian package bubblewrap on the worker nodes)")
+        self.grader.log(f"warning: {which}; they run submissions with limits only, which can read what the "
+                        "workers' user can read (install the Debian package bubblewrap on the worker nodes)")
 
     def grade(self, todo: list[Path]) -> Iterator[tuple[Path, ArchiveResult]]:
         """Yields ``(archive, result)`` as each archive finishes, on whichever worker."""
@@ -230,7 +316,7 @@ class DaskPool:
                     continue
                 fut = self.client.submit(grade_task, self.config, archive.name, data, received, len(queue), slots,
                                          pure=False,
-                                         key=f"grade-{archive.name[:60]}-{os.urandom(6).hex()}")
+                                         key=task_key(archive.name))
                 self.futures[fut] = (archive, data, received)
                 done.add(fut)
                 return

@@ -502,6 +502,9 @@ def main_grade(args) -> int:
     if not args.budget > 0:  # 0, less or nan: every archive would score 0 (its budget spent at once)
         print(f"attn-course: --budget must be a number of seconds above 0, got {args.budget:g}", file=sys.stderr)
         return 2
+    if args.jobs < 1:  # was taken as 1 silently: a typo (--jobs 0, --jobs -4) graded on one worker
+        print(f"attn-course: --jobs must be a number of workers of at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
     limits = replace(GRADING_LIMITS, per_archive_s=args.budget)
     from .late import policy_from_options
 
