@@ -29,6 +29,7 @@ on the next run, like any grader failure.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import hashlib
@@ -79,7 +80,8 @@ class TaskConfig:
 # -- on the Dask worker ------------------------------------------------------------------
 
 _LOCK = threading.Lock()
-_GRADERS: dict[str, "_WorkerGrader"] = {}
+_GRADERS: dict[str, "_WorkerGrader"] = {}  # by configuration, the most recently used last
+MAX_GRADERS = 2  # graders (each with a server per thread) a worker keeps; idle older ones are closed
 
 
 def _worker_threads() -> int:
@@ -121,6 +123,7 @@ class _WorkerGrader:
         self.grader.start_workers()
         self.free: list[int] = []
         self.slots = 0
+        self.busy = 0  # tasks holding a slot (changed under _LOCK)
         self.lock = threading.Lock()
         atexit.register(self.grader.close)
 
@@ -137,16 +140,46 @@ class _WorkerGrader:
 
 
 def _worker_grader(config: TaskConfig) -> _WorkerGrader:
+    """This worker's grader for ``config`` (built on first use), now the most recently used.
+
+    A long-lived worker sees configuration after configuration (another
+    ``--budget``, other exercises, another backend): it keeps the
+    :data:`MAX_GRADERS` most recently used graders and closes older ones
+    that no task is using (their servers stopped), so that servers do not
+    pile up for the worker's lifetime.  Call with ``_LOCK`` held.
+    """
     key = config.key()
+    wg = _GRADERS.pop(key, None) or _WorkerGrader(config)
+    _GRADERS[key] = wg
+    for old in list(_GRADERS)[:-MAX_GRADERS]:
+        if _GRADERS[old].busy == 0:
+            closed = _GRADERS.pop(old).grader
+            atexit.unregister(closed.close)
+            closed.close()
+    return wg
+
+
+@contextlib.contextmanager
+def _slot(config: TaskConfig) -> Iterator[tuple[_WorkerGrader, int]]:
+    """A slot of this worker's grader for ``config``, held for one task (never closed meanwhile)."""
     with _LOCK:
-        if key not in _GRADERS:
-            _GRADERS[key] = _WorkerGrader(config)
-        return _GRADERS[key]
+        wg = _worker_grader(config)
+        wg.busy += 1
+    try:
+        slot = wg.acquire()
+        try:
+            yield wg, slot
+        finally:
+            wg.release(slot)
+    finally:
+        with _LOCK:
+            wg.busy -= 1
 
 
 def warm_worker(config: TaskConfig) -> str:
     """Builds this worker's grader now (its expected values), so a timing leaves it out."""
-    _worker_grader(config)
+    with _LOCK:
+        _worker_grader(config)
     return f"{os.uname().nodename}:{os.getpid()}"
 
 
@@ -177,11 +210,9 @@ def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
     ``slots`` the cluster's worker threads: whether the slot's server warms
     after this job (:meth:`Grader.warm_after_job`, as in the local pool).
     """
-    wg = _worker_grader(config)
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"not an archive name: {name!r}")
-    slot = wg.acquire()
-    try:
+    with _slot(config) as (wg, slot):
         if left is not None:
             wg.grader.warm_after_job(slot, left, slots)
         with tempfile.TemporaryDirectory(prefix="attn-dask-") as tmp:
@@ -190,8 +221,6 @@ def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             return wg.grader.grade_one(path, slot, received=received)
-    finally:
-        wg.release(slot)
 
 
 # -- on the grader -----------------------------------------------------------------------

@@ -171,3 +171,45 @@ def test_a_worker_without_bubblewrap_refuses_a_notebook_task(secret_env, tmp_pat
     with pytest.raises(ClusterError, match="no working bubblewrap, which --notebooks needs"):
         dask_pool.grade_task(config, "ok.zip", (subs / "ok.zip").read_bytes(), 0.0)
     assert config.key() not in dask_pool._GRADERS  # nothing was built, nothing graded
+
+
+def test_a_worker_keeps_its_latest_graders_and_closes_idle_older_ones(monkeypatch):
+    """A long-lived worker sees configuration after configuration: its graders (a server per
+    thread each) were kept for its lifetime.  It keeps the MAX_GRADERS most recently used,
+    closes older idle ones, and never one that a task is using."""
+    import threading
+
+    from attn_course import dask_pool
+
+    closed = []
+
+    class FakeGrader:
+        def __init__(self, spec):
+            self.spec = spec
+
+        def close(self):
+            closed.append(self.spec)
+
+    class FakeWorkerGrader:  # the bookkeeping of _WorkerGrader, without a class's set-up or servers
+        acquire, release = dask_pool._WorkerGrader.acquire, dask_pool._WorkerGrader.release
+
+        def __init__(self, config):
+            self.grader, self.free, self.slots, self.busy, self.lock = FakeGrader(config.spec), [], 0, 0, threading.Lock()
+
+    monkeypatch.setattr(dask_pool, "_WorkerGrader", FakeWorkerGrader)
+    monkeypatch.setattr(dask_pool, "_GRADERS", {})
+    monkeypatch.setattr(dask_pool, "MAX_GRADERS", 2)
+    config = {spec: dask_pool.TaskConfig(spec, LIMITS, False, True, None, False, False, "fp")
+              for spec in ("3.1", "3.2", "3.3", "3.4")}
+    with dask_pool._slot(config["3.1"]) as (first, slot):
+        assert slot == 0
+        for spec in ("3.2", "3.3"):
+            with dask_pool._slot(config[spec]):
+                pass
+        assert closed == []  # 3.1 is the oldest, but a task holds it
+    with dask_pool._slot(config["3.4"]):
+        assert closed == ["3.1", "3.2"]
+    with dask_pool._slot(config["3.3"]) as (again, _):  # kept: the same grader, not a new one
+        assert again.grader.spec == "3.3" and closed == ["3.1", "3.2"]
+    assert list(dask_pool._GRADERS) == [config["3.4"].key(), config["3.3"].key()]
+    assert first.busy == again.busy == 0
