@@ -502,6 +502,10 @@ def main_grade(args) -> int:
     if not args.budget > 0:  # 0, less or nan: every archive would score 0 (its budget spent at once)
         print(f"attn-course: --budget must be a number of seconds above 0, got {args.budget:g}", file=sys.stderr)
         return 2
+    if getattr(args, "scheduler", None) is not None and not args.scheduler.strip():  # was: graded here, silently
+        print("attn-course: --scheduler needs an address (e.g. tcp://HOST:8786); leave it out to grade on this "
+              "machine", file=sys.stderr)
+        return 2
     if args.jobs < 1:  # was taken as 1 silently: a typo (--jobs 0, --jobs -4) graded on one worker
         print(f"attn-course: --jobs must be a number of workers of at least 1, got {args.jobs}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ one thread), chapter 3's exercise 3.5 only, at most two archives graded.
 * ``--notebooks`` on workers without a working bubblewrap ran notebook code with limits only,
   silently (the local grader refuses it), and a library batch there had no warning; a worker
   that joins after the grader's check refuses such a task itself;
-* ``--jobs 0`` was taken as 1, silently.
+* ``--jobs 0`` was taken as 1, and ``--scheduler ''`` graded on this machine, silently.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_an_archive_name_that_is_not_utf8_costs_no_other_archive(cluster, tmp_pa
     assert all("\udcff" not in line for line in lines)  # the progress lines show no lone surrogate
 
 
-@pytest.mark.parametrize("address", ["nonsense://host:8786", "tcp://127.0.0.1:notaport", "tcp://127.0.0.1"])
+@pytest.mark.parametrize("address", ["nonsense://host:8786", "tcp://127.0.0.1:notaport", "tcp://127.0.0.1", " "])
 def test_a_scheduler_address_that_is_none_is_refused_by_name(secret_env, tmp_path, capsys, address):
     subs = _honest(tmp_path / "submitted", "ok.zip", "on-time")
     rc, err = _main(["grade", str(subs), "--out", str(tmp_path / "out"), "--exercises", "3.5",
