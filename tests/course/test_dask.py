@@ -27,7 +27,7 @@ from attn_course.sandbox import Limits  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SECRET = "dask-secret"
+SECRET = "dask-secret"  # the module's secret_env (tests/course/conftest.py) sets it
 HOSTILE = {  # code appended to statmech.py (a few of test_redteam's)
     "wrong_shape": "def log_partition_function(S, mask=None, T=1.0):\n    return S\n",
     "os_exit": "import os\ndef zero_temperature_limit(S, mask=None):\n    os._exit(0)\n",
@@ -62,17 +62,6 @@ def batch(tmp_path_factory):
     for k, p in enumerate(sorted(subs.iterdir())):
         os.utime(p, (1_700_000_000 + k, 1_700_000_000 + k), follow_symlinks=False)
     return subs
-
-
-@pytest.fixture(scope="module")
-def secret_env():
-    old = os.environ.get("ATTN_COURSE_SECRET")
-    os.environ["ATTN_COURSE_SECRET"] = SECRET  # the workers inherit it: they are trusted, as the grader is
-    yield
-    if old is None:
-        del os.environ["ATTN_COURSE_SECRET"]
-    else:
-        os.environ["ATTN_COURSE_SECRET"] = old
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from attn_course.sandbox import Limits  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SECRET = "dask-redteam-secret"
+SECRET = "dask-redteam-secret"  # the module's secret_env (tests/course/conftest.py) sets it
 LIMITS = Limits(per_exercise_s=20, per_archive_s=120, cpu_s=60, memory_mb=3072, processes=64, file_mb=16)
 NOT_UTF8 = os.fsdecode(b"late\xff\xfe-copy.zip")  # a name as an LMS download or an unzip can leave it
 
@@ -51,17 +51,6 @@ sys.meta_path.insert(0, _NoCourse())
 for _m in [m for m in sys.modules if m == "attn_course" or m.startswith("attn_course.")]:
     del sys.modules[_m]
 '''
-
-
-@pytest.fixture(scope="module")
-def secret_env():
-    old = os.environ.get("ATTN_COURSE_SECRET")
-    os.environ["ATTN_COURSE_SECRET"] = SECRET  # the workers inherit it: they are trusted, as the grader is
-    yield
-    if old is None:
-        del os.environ["ATTN_COURSE_SECRET"]
-    else:
-        os.environ["ATTN_COURSE_SECRET"] = old
 
 
 def _cluster(**kwargs):
