@@ -23,6 +23,7 @@ from . import sandbox
 from .sandbox import Limits, Plain
 from .scoring import CaseResult, ExerciseResult, Outcome, Status, grade, stubbed_exercises
 from .server import WorkerServer
+from .text import plain
 from .worker import PACKAGE_DOES_NOT_IMPORT
 from .workspace import library_digest
 from .xla_cache import check_cache_dir
@@ -184,6 +185,16 @@ def _indent(text: str, prefix: str) -> str:
     return text.replace("\n", "\n" + prefix)
 
 
+MAX_SAID = 4000
+"""Characters of one message from the student's code (or about it) in the report, at most."""
+
+
+def _said(text: str) -> str:
+    """A message the student's code decides (an exception's text, a source line), printable: an
+    escape sequence or control character in it would reach the terminal raw (clear it, retitle it)."""
+    return plain(text, MAX_SAID, newlines=True)
+
+
 def _limit_words(e: Exercise, limit_s: float | None) -> str:
     limit = f"the {limit_s:g} s limit" if limit_s else "its time limit"
     return (f"exercise {e.id} ran past {limit} (a loop that never ends, or far more work than the "
@@ -221,13 +232,13 @@ def _case_lines(r: ExerciseResult, limit_s: float | None, shared: str) -> list[s
     if shared:
         n = len(r.cases)
         what = "its case" if n == 1 else f"all {n} cases"
-        return [f"        {what}: {_indent(shared, '            ')}"]
+        return [f"        {what}: {_indent(_said(shared), '            ')}"]
     lines = []
     for c in r.cases:
         if c.passed:
             lines.append(f"        ok    {c.case}")
         else:
-            lines.append(f"        wrong {c.case}: {_indent(c.message, '              ')}")
+            lines.append(f"        wrong {c.case}: {_indent(_said(c.message), '              ')}")
     return lines
 
 
@@ -240,7 +251,7 @@ def report(results: list[ExerciseResult], verbose: bool = True, limit_s: float |
     """
     if library_error:
         return ("Your library does not import, so no exercise could run:\n    "
-                + _indent(library_error, "    ")
+                + _indent(_said(library_error), "    ")
                 + "\nFix it, then run `attn-course check` again.")
     errors = errors or {}
     first_with: dict[str, str] = {}
@@ -256,7 +267,7 @@ def report(results: list[ExerciseResult], verbose: bool = True, limit_s: float |
             lines.append(f"        not implemented yet: write {e.name} in attn_tensors/{e.module}.py"
                          f"  (book: {e.book_page})")
         elif r.status == Status.BLOCKED:
-            lines.append(f"        {r.cases[0].message}")
+            lines.append(f"        {_said(r.cases[0].message)}")
         elif shared and shared in first_with:
             lines.append(f"        the same error as exercise {first_with[shared]}")
         else:

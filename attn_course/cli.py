@@ -35,14 +35,18 @@ def _workspace(args) -> Path:
 
 def cmd_workspace(args) -> int:
     from . import workspace
+    from .text import terminal
 
     if args.set_token is not None:
         if args.student or args.token:
             raise workspace.WorkspaceError("--set-token changes an existing workspace: "
                                            "give it alone (with DIR or from inside the workspace)")
         ws = workspace.find(Path(args.dir) if args.dir else None)
+        old = workspace.meta(ws).get("token")
         token = workspace.set_token(ws, args.set_token)
         print(f"Stored token {token} in {ws / 'course.json'}; your next submission carries it.")
+        if isinstance(old, str) and old and old != token:  # a mistyped new token must not lose the old one
+            print(f"It replaces the token {terminal(old, 80)} (set that one again if the new one is a typo).")
         return 0
     if not args.dir or not args.student:
         raise workspace.WorkspaceError("a new workspace needs DIR and --student ID "
@@ -56,8 +60,7 @@ def cmd_workspace(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from . import workspace
-    from .check import progress, progress_line, report, run_check
+    from .check import progress_line, report, run_check
     from .registry import select
     from . import sandbox
 
@@ -77,10 +80,24 @@ def cmd_check(args) -> int:
     run = run_check(ws, chosen, limits, on_result=show, backend=args.backend)
     print(report(run.results, verbose=not args.quiet, limit_s=run.limits.per_exercise_s,
                  library_error=run.library_error, errors=run.errors))
-    done = workspace.record_progress(ws, run.results, run.digest)
+    _show_progress(ws, run)
+    return 0 if all(r.passed for r in run.results) else 1
+
+
+def _show_progress(ws: Path, run) -> None:
+    """Record and print the course progress; a workspace that cannot be written (read-only, a full
+    disk) costs only the record, in one line: the verdicts above still stand."""
+    from . import workspace
+    from .check import progress
+
+    try:
+        done = workspace.record_progress(ws, run.results, run.digest)
+    except OSError as err:
+        print(f"attn-course: warning: your progress was not saved "
+              f"({err.strerror or type(err).__name__}: {err.filename})", file=sys.stderr)
+        return
     print()
     print(progress(done.passed, done.outdated))
-    return 0 if all(r.passed for r in run.results) else 1
 
 
 def cmd_submit(args) -> int:

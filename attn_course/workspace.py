@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,11 +130,29 @@ def create(dest: Path, student: str, token: str | None = None) -> Path:
     check_student_id(student)
     token = check_token(token) if token else None
     dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise WorkspaceError(f"{dest} is a file, not a folder; choose a new folder (nothing was changed)")
     if dest.exists() and any(dest.iterdir()):
         raise WorkspaceError(f"{dest} already has files; choose a new folder (nothing was changed)")
     stub = RELEASE_LIBRARY / "attn_tensors"
     if not stub.is_dir():
         raise WorkspaceError(f"the student release is missing ({stub}); run `attn-course release` first")
+    try:
+        _fill(dest, stub, student, token)
+    except OSError as err:
+        raise WorkspaceError(f"{dest} cannot be made a workspace ({_os_reason(err)})") from None
+    return dest
+
+
+def _os_reason(err: OSError) -> str:
+    """An OS error in a few words and the path it is about, for a one-line message (not a traceback)."""
+    where = f": {err.filename}" if err.filename else ""
+    return f"{err.strerror or str(err)[:200] or type(err).__name__}{where}"
+
+
+def _fill(dest: Path, stub: Path, student: str, token: str | None) -> None:
+    """Write the workspace's files into ``dest`` (missing or empty); an OS error (a parent that is a
+    file, no permission, a full disk) is the caller's to report in one line."""
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copytree(stub, dest / "attn_tensors", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(RELEASE_LIBRARY / "cases", dest / ".course" / "cases")
@@ -155,7 +174,6 @@ def create(dest: Path, student: str, token: str | None = None) -> Path:
     if token:
         meta["token"] = token
     (dest / "course.json").write_text(json.dumps(meta, indent=1) + "\n")
-    return dest
 
 
 def set_token(workspace: Path, token: str) -> str:
@@ -269,6 +287,8 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
     if out.exists():
         raise WorkspaceError(f"{out} already exists; it was not overwritten (choose another name)")
     files = submission_files(ws)
+    for p in files:
+        _check_submittable(ws, p)
     manifest = {
         "format": FORMAT,
         "student_id": student,
@@ -281,10 +301,53 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
     token = info.get("token")
     if token:
         manifest["token"] = check_token(token)
-    tmp = out.with_name(out.name + ".part")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("manifest.json", json.dumps(manifest, indent=1) + "\n")
-        for p in files:
-            z.write(ws / p, str(p))
-    os.replace(tmp, out)
+    tmp = None
+    try:
+        # a fresh name beside it (never a file of the student's), renamed into place once checked
+        fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+        os.close(fd)
+        tmp = Path(name)
+        os.chmod(tmp, 0o644)  # as an archive written the usual way (mkstemp makes it 0600)
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("manifest.json", json.dumps(manifest, indent=1) + "\n")
+            for p in files:
+                z.write(ws / p, str(p))
+        _as_the_grader_reads_it(tmp)
+        os.replace(tmp, out)
+    except OSError as err:
+        raise WorkspaceError(f"{out} cannot be written ({_os_reason(err)}); nothing was submitted") from None
+    finally:
+        if tmp is not None and tmp.exists():
+            tmp.unlink()
     return out
+
+
+def _check_submittable(ws: Path, path: Path) -> None:
+    """Refuse a file the grader would refuse: it rejects a whole archive for one member whose
+    name is not a module's (``my-helper.py``) or a notebook's, or that is too large, so the
+    student hears it now, not with a zero after the deadline."""
+    from .archive import ALLOWED, MAX_FILE
+
+    if not ALLOWED.fullmatch(path.as_posix()):
+        raise WorkspaceError(
+            f"{path.as_posix()!r:.120} cannot be submitted: the grader takes only modules named with "
+            "letters, digits and '_' under attn_tensors/ and notebooks named with letters, digits, "
+            "'.', '_' and '-' under notebooks/; rename it or move it out (nothing was submitted)")
+    try:
+        size = (ws / path).stat().st_size
+    except OSError as err:
+        raise WorkspaceError(f"{path} cannot be read ({_os_reason(err)}); nothing was submitted") from None
+    if size > MAX_FILE:
+        raise WorkspaceError(f"{path} is larger than {MAX_FILE // 2**20} MB, more than the grader takes; "
+                             "nothing was submitted")
+
+
+def _as_the_grader_reads_it(archive: Path) -> None:
+    """Read the new archive with the grader's own checks (:func:`attn_course.archive.read_submission`),
+    so that one it would reject (too many or too large files, a bad course.json) is never handed in."""
+    from .archive import Rejected, read_submission
+
+    try:
+        read_submission(archive)
+    except Rejected as err:
+        raise WorkspaceError(f"the grader would reject this archive ({err}); nothing was submitted") from None

@@ -1,0 +1,137 @@
+"""A student's commands against a student's mistakes: one line that says what is wrong, never a
+traceback; never an archive the grader will refuse; nothing the student's code says reaches the
+terminal as raw escape sequences; nothing stored is lost without a word.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from attn_course import cli, workspace
+from attn_course.check import report
+from attn_course.registry import all_exercises
+from attn_course.scoring import CaseResult, ExerciseResult, Status
+
+TOKEN_A = "ABCDE-FGHIJ-KLMNO-PQRST"
+TOKEN_B = "BCDEF-GHIJK-LMNOP-QRSTU"
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return workspace.create(tmp_path / "ws", "s1234567")
+
+
+def _one_line_error(capsys) -> str:
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attn-course: "), err
+    return lines[0]
+
+
+# -- workspace ---------------------------------------------------------------------------
+
+
+def test_workspace_on_a_file_says_so_and_keeps_the_file(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    assert cli.main(["workspace", str(notes), "--student", "s1"]) == 2
+    assert "is a file, not a folder" in _one_line_error(capsys)
+    assert notes.read_text() == "my notes\n"
+
+
+def test_workspace_under_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    assert cli.main(["workspace", str(tmp_path / "notes.txt" / "ws"), "--student", "s1"]) == 2
+    line = _one_line_error(capsys)
+    assert "cannot be made a workspace" in line and "notes.txt" in line
+
+
+def test_set_token_twice_names_the_token_it_replaces(ws, capsys):
+    assert cli.main(["workspace", str(ws), "--set-token", TOKEN_A]) == 0
+    assert "replaces" not in capsys.readouterr().out
+    assert cli.main(["workspace", str(ws), "--set-token", TOKEN_B]) == 0
+    out = capsys.readouterr().out
+    assert json.loads((ws / "course.json").read_text())["token"] == TOKEN_B
+    assert f"replaces the token {TOKEN_A}" in out
+
+
+# -- submit ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["attn_tensors/my-helper.py", "attn_tensors/2nd.py", "notebooks/ch03 copy.ipynb"])
+def test_submit_refuses_a_file_the_grader_would_reject(ws, capsys, name):
+    (ws / name).write_text("{}\n" if name.endswith(".ipynb") else "x = 1\n")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    line = _one_line_error(capsys)
+    assert name in line and "cannot be submitted" in line and "nothing was submitted" in line
+    assert not list((ws / "submissions").iterdir())  # no archive, no temporary file left over
+
+
+def test_submit_refuses_a_file_larger_than_the_grader_takes(ws, capsys):
+    from attn_course.archive import MAX_FILE
+
+    (ws / "attn_tensors" / "data.py").write_text("# " + "x" * MAX_FILE + "\n")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    assert "attn_tensors/data.py is larger than" in _one_line_error(capsys)
+    assert not list((ws / "submissions").iterdir())
+
+
+def test_submit_refuses_an_archive_the_grader_would_reject(ws, capsys):
+    info = json.loads((ws / "course.json").read_text())
+    info["library_version"] = "v" * 100  # the manifest allows 32 characters
+    (ws / "course.json").write_text(json.dumps(info))
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    assert "the grader would reject this archive" in _one_line_error(capsys)
+    assert not list((ws / "submissions").iterdir())
+
+
+def test_submit_where_it_cannot_write_is_one_line(ws, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    assert cli.main(["submit", "--workspace", str(ws), "--out", str(tmp_path / "notes.txt" / "a.zip")]) == 2
+    assert "cannot be written" in _one_line_error(capsys)
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+
+
+def test_submit_with_a_link_loop_in_the_library_is_one_line(ws, capsys):
+    (ws / "attn_tensors" / "loop.py").symlink_to("loop.py")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    assert "attn_tensors/loop.py cannot be read" in _one_line_error(capsys)
+
+
+# -- check -------------------------------------------------------------------------------
+
+
+def test_report_prints_no_escape_sequence_from_the_students_code():
+    ex = all_exercises()["3.5"]
+    said = f"{ESCAPES}boom\r\x08" + "x" * 100_000
+    wrong = ExerciseResult(ex, [CaseResult("ties", False, Status.FAIL, said)])
+    text = report([wrong], errors={}) + report([wrong], errors={"3.5": said}) + report([], library_error=said)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text), ascii(text[:300])
+    assert "boom" in text and len(text) < 20_000
+
+
+def test_check_shows_a_raised_message_without_its_escapes(ws, capsys):
+    path = ws / "attn_tensors" / "statmech.py"
+    stub = "    raise NotImplementedError('Exercise 3.5: "
+    src = path.read_text()
+    start = src.index(stub)
+    end = src.index("\n", start)
+    path.write_text(src[:start] + f"    raise ValueError({ESCAPES + 'my own bug'!r})" + src[end:])
+    assert cli.main(["check", "3.5", "--workspace", str(ws)]) == 1
+    out, err = capsys.readouterr()
+    assert "my own bug" in out
+    assert "\x1b" not in out + err and "\x07" not in out + err
+
+
+def test_check_in_a_workspace_it_cannot_write_still_gives_its_verdicts(ws, capsys):
+    (ws / ".course" / "progress.tmp").mkdir()  # progress.json cannot be replaced
+    assert cli.main(["check", "3.5", "--workspace", str(ws)]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert "[ TODO] Exercise 3.5" in out and "progress was not saved" in err
