@@ -501,12 +501,29 @@ def _package_path(filename: str) -> str:
 def _located(err: BaseException) -> str:
     """An exception while importing, with the package file and line where it happened."""
     if isinstance(err, SyntaxError):
-        where = _package_path(err.filename or "") or (err.filename or "")
+        where = _package_path(err.filename or "") or (err.filename or "") or _module_with_a_nul()
         line = (err.text or "").strip()
-        return (f"{where}:{err.lineno}: {type(err).__name__}: {err.msg}"
+        return (f"{where}{f':{err.lineno}' if err.lineno else ''}: {type(err).__name__}: {err.msg}"
                 + (f"\n    {line[:200]}" if line else ""))
     where = _where(err.__traceback__)
     return (f"{where}: " if where else "") + f"{type(err).__name__}: {_text(err)}"
+
+
+def _module_with_a_nul() -> str:
+    """``attn_tensors/...`` of the package's first module holding a NUL byte, or "".
+
+    Python's SyntaxError for one ("source code string cannot contain null
+    bytes") names neither file nor line: the student would not know where to look.
+    """
+    package = sys.modules.get("attn_tensors")
+    for root in getattr(package, "__path__", None) or []:
+        for path in sorted(Path(root).rglob("*.py")):
+            try:
+                if b"\0" in path.read_bytes():
+                    return _package_path(str(path))
+            except OSError:
+                continue
+    return ""
 
 
 def import_failure(err: BaseException) -> str:

@@ -135,3 +135,15 @@ def test_check_in_a_workspace_it_cannot_write_still_gives_its_verdicts(ws, capsy
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     assert "[ TODO] Exercise 3.5" in out and "progress was not saved" in err
+
+
+def test_a_nul_byte_in_a_module_is_named_with_its_file(ws, capsys):
+    """Python's SyntaxError for a NUL byte names no file ("None" was shown where the file goes)."""
+    path = ws / "attn_tensors" / "statmech.py"
+    src = path.read_text()
+    start = src.index("    raise NotImplementedError('Exercise 3.5: ")
+    src = src[:start] + "    return S" + src[src.index("\n", start):]  # written (not a stub), and a NUL below
+    path.write_bytes(src.encode() + b"\nx = 1\0\n")
+    assert cli.main(["check", "3.5", "--workspace", str(ws)]) == 1
+    out, err = capsys.readouterr()
+    assert "attn_tensors/statmech.py: SyntaxError" in out and "None" not in out, out[-2000:]
