@@ -186,3 +186,19 @@ def pytest_collection_modifyitems(config, items):
     first_book: list = []
     rank = {m: _rank(m, its, first_book) for m, its in by_module.items()}
     items[:] = [it for m in sorted(by_module, key=lambda m: rank[m]) for it in by_module[m]]
+
+
+@pytest.fixture(scope="module")
+def secret_env(request):
+    """``ATTN_COURSE_SECRET`` set to the test module's ``SECRET`` for its tests, then restored.
+
+    The processes the tests start inherit it (a Dask cluster's workers are
+    trusted, as the grader is, and need the course's secret).
+    """
+    old = os.environ.get("ATTN_COURSE_SECRET")
+    os.environ["ATTN_COURSE_SECRET"] = request.module.SECRET
+    yield
+    if old is None:
+        del os.environ["ATTN_COURSE_SECRET"]
+    else:
+        os.environ["ATTN_COURSE_SECRET"] = old

@@ -27,7 +27,7 @@ from attn_course.sandbox import Limits  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SECRET = "dask-secret"  # the module's secret_env (tests/course/conftest.py) sets it
+SECRET = "dask-secret"  # the module's secret_env (tests/conftest.py) sets it
 HOSTILE = {  # code appended to statmech.py (a few of test_redteam's)
     "wrong_shape": "def log_partition_function(S, mask=None, T=1.0):\n    return S\n",
     "os_exit": "import os\ndef zero_temperature_limit(S, mask=None):\n    os._exit(0)\n",

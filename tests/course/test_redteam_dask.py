@@ -33,7 +33,7 @@ from attn_course.sandbox import Limits  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SECRET = "dask-redteam-secret"  # the module's secret_env (tests/course/conftest.py) sets it
+SECRET = "dask-redteam-secret"  # the module's secret_env (tests/conftest.py) sets it
 LIMITS = Limits(per_exercise_s=20, per_archive_s=120, cpu_s=60, memory_mb=3072, processes=64, file_mb=16)
 NOT_UTF8 = os.fsdecode(b"late\xff\xfe-copy.zip")  # a name as an LMS download or an unzip can leave it
 
