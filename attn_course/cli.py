@@ -93,8 +93,7 @@ def _show_progress(ws: Path, run) -> None:
     try:
         done = workspace.record_progress(ws, run.results, run.digest)
     except OSError as err:
-        print(f"attn-course: warning: your progress was not saved "
-              f"({err.strerror or type(err).__name__}: {err.filename})", file=sys.stderr)
+        print(f"attn-course: warning: your progress was not saved ({workspace.os_reason(err)})", file=sys.stderr)
         return
     print()
     print(progress(done.passed, done.outdated))

@@ -197,9 +197,9 @@ def worker_fingerprint(ci_secret: bool) -> str:
 def worker_sandbox(use_bwrap: bool | None) -> str:
     """The sandbox this worker's graders confine archives in (``"bubblewrap"`` or ``"limits"``),
     decided as :func:`~attn_course.sandbox.confinement` decides (run on every worker before a batch)."""
-    from .sandbox import bwrap_works
+    from .sandbox import uses_bwrap
 
-    return "bubblewrap" if (bwrap_works() if use_bwrap is None else use_bwrap) else "limits"
+    return "bubblewrap" if uses_bwrap(use_bwrap) else "limits"
 
 
 def grade_task(config: TaskConfig, name: str, data: bytes, received: float,

@@ -491,6 +491,22 @@ class LocalPool:
         self.executor.shutdown(wait=True)
 
 
+def _bad_option(args) -> str | None:
+    """What is wrong with the grade command's budget, scheduler or jobs, before anything is written.
+
+    Each was taken silently: a budget of 0 (or less, or nan) spent every
+    archive's budget at once (every student 0), ``--scheduler ""`` graded on
+    this machine, ``--jobs 0`` ran one worker.
+    """
+    if not args.budget > 0:
+        return f"--budget must be a number of seconds above 0, got {args.budget:g}"
+    if getattr(args, "scheduler", None) is not None and not args.scheduler.strip():
+        return "--scheduler needs an address (e.g. tcp://HOST:8786); leave it out to grade on this machine"
+    if args.jobs < 1:
+        return f"--jobs must be a number of workers of at least 1, got {args.jobs}"
+    return None
+
+
 def main_grade(args) -> int:
     if not Path(args.submissions).is_dir():
         raise FileNotFoundError(f"no folder of submissions at {args.submissions}")
@@ -499,15 +515,9 @@ def main_grade(args) -> int:
         from .identity import load_roster
 
         roster = load_roster(Path(args.roster))
-    if not args.budget > 0:  # 0, less or nan: every archive would score 0 (its budget spent at once)
-        print(f"attn-course: --budget must be a number of seconds above 0, got {args.budget:g}", file=sys.stderr)
-        return 2
-    if getattr(args, "scheduler", None) is not None and not args.scheduler.strip():  # was: graded here, silently
-        print("attn-course: --scheduler needs an address (e.g. tcp://HOST:8786); leave it out to grade on this "
-              "machine", file=sys.stderr)
-        return 2
-    if args.jobs < 1:  # was taken as 1 silently: a typo (--jobs 0, --jobs -4) graded on one worker
-        print(f"attn-course: --jobs must be a number of workers of at least 1, got {args.jobs}", file=sys.stderr)
+    problem = _bad_option(args)
+    if problem:
+        print(f"attn-course: {problem}", file=sys.stderr)
         return 2
     limits = replace(GRADING_LIMITS, per_archive_s=args.budget)
     from .late import policy_from_options

@@ -397,8 +397,11 @@ class Bubblewrap:
         return self.groups.refused()
 
 
+def uses_bwrap(use_bwrap: bool | None) -> bool:
+    """Whether grading confines archives in bubblewrap: as asked, or (None) where it works."""
+    return bwrap_works() if use_bwrap is None else use_bwrap
+
+
 def confinement(slot: int, limits: Limits, cache: Path | None, use_bwrap: bool | None) -> Sandbox:
     """The grading sandbox: bubblewrap where it works (or where asked), else limits alone."""
-    if use_bwrap is None:
-        use_bwrap = bwrap_works()
-    return (Bubblewrap if use_bwrap else Limited)(slot, limits, cache)
+    return (Bubblewrap if uses_bwrap(use_bwrap) else Limited)(slot, limits, cache)

@@ -140,11 +140,11 @@ def create(dest: Path, student: str, token: str | None = None) -> Path:
     try:
         _fill(dest, stub, student, token)
     except OSError as err:
-        raise WorkspaceError(f"{dest} cannot be made a workspace ({_os_reason(err)})") from None
+        raise WorkspaceError(f"{dest} cannot be made a workspace ({os_reason(err)})") from None
     return dest
 
 
-def _os_reason(err: OSError) -> str:
+def os_reason(err: OSError) -> str:
     """An OS error in a few words and the path it is about, for a one-line message (not a traceback)."""
     where = f": {err.filename}" if err.filename else ""
     return f"{err.strerror or str(err)[:200] or type(err).__name__}{where}"
@@ -315,7 +315,7 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
         _as_the_grader_reads_it(tmp)
         os.replace(tmp, out)
     except OSError as err:
-        raise WorkspaceError(f"{out} cannot be written ({_os_reason(err)}); nothing was submitted") from None
+        raise WorkspaceError(f"{out} cannot be written ({os_reason(err)}); nothing was submitted") from None
     finally:
         if tmp is not None and tmp.exists():
             tmp.unlink()
@@ -336,7 +336,7 @@ def _check_submittable(ws: Path, path: Path) -> None:
     try:
         size = (ws / path).stat().st_size
     except OSError as err:
-        raise WorkspaceError(f"{path} cannot be read ({_os_reason(err)}); nothing was submitted") from None
+        raise WorkspaceError(f"{path} cannot be read ({os_reason(err)}); nothing was submitted") from None
     if size > MAX_FILE:
         raise WorkspaceError(f"{path} is larger than {MAX_FILE // 2**20} MB, more than the grader takes; "
                              "nothing was submitted")
