@@ -55,7 +55,7 @@ COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and not
 # mistakes catalogue is the reference with one switch turned; the grader,
 # its reports and identity code have no business there).
 WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py",
-                  "warm.py")
+                  "inline_where.py", "warm.py")
 _STAGED: dict[str, str] = {}
 
 
@@ -101,12 +101,10 @@ GRADING_LIMITS = Limits(per_exercise_s=30, per_archive_s=240, cpu_s=120)
 
 def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     """The whole environment of a worker: nothing of the grader's."""
-    from .xla_cache import WORKER_XLA_FLAGS
-
     # PYTHONDONTWRITEBYTECODE: a job's modules are imported once and removed after it; writing
     # their bytecode would only be more work (and more files to remove)
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0", "XLA_FLAGS": WORKER_XLA_FLAGS,
+           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0",
            "PYTHONDONTWRITEBYTECODE": "1"}
     if cache is not None:
         env["ATTN_COURSE_CACHE"] = str(cache)

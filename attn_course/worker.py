@@ -40,6 +40,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from . import values, warm
+from .inline_where import inline_where
+from .xla_cache import WORKER_COMPILER_OPTIONS
 from .regions import exercise_of_stub
 
 MAX_MESSAGE = 400
@@ -183,7 +185,7 @@ def _run_probe(fn: Any, probe: Any, inputs: dict[str, Any]) -> Any:
 
     args = to_backend(inputs)
     try:
-        return jax.jit(lambda: probe(fn, **args))()
+        return jax.jit(lambda: probe(fn, **args), compiler_options=WORKER_COMPILER_OPTIONS)()
     except NotImplementedError:
         raise  # a stub says so at once, traced or not: no need to run it op by op
     except Exception:  # noqa: BLE001 - not traceable, or a real error: the eager run says which
@@ -364,6 +366,7 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
     """
     import jax
 
+    inline_where()  # as the program that fills the workers' cache is staged (:mod:`attn_course.inline_where`)
     concrete = _concrete_check_type()
     args = [[to_backend(x) if not e else None for x, e in zip(it.inputs, it.eager)] for it in items]
     plans: dict[str, dict[str, Any]] = {}
@@ -409,7 +412,7 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
         program = jax.jit(together).trace()
         phase("compile")
         n = sum(len(p["slots"]) for p in plans.values())
-        outs = program.lower().compile()() if n else []
+        outs = program.lower().compile(compiler_options=WORKER_COMPILER_OPTIONS)() if n else []
     except Exception:  # noqa: BLE001 - the job as a whole cannot be compiled: each exercise as its own
         for it in items:  # program, and an exercise that cannot be one case by case
             if it.id in results:
@@ -621,6 +624,7 @@ def _setup_jax() -> None:
 
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_platforms", "cpu")
+    inline_where()  # before warm.prime traces anything
     if os.environ.get("ATTN_COURSE_CACHE"):
         from .xla_cache import enable_compile_cache
 

@@ -39,12 +39,16 @@ def enable_compile_cache(path: Path | str | None = None) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-# The XLA flags of every worker (one thread each; no LLVM optimisation: a case's
-# arrays are tiny, and a program that misses the cache -- any code but the
-# reference's -- compiles about a third faster).  They are part of JAX's cache
-# key, so the trusted side uses them too when it fills the workers' cache.
-WORKER_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 "
-                    "--xla_backend_optimization_level=0")
+# How every program of a job is compiled, on the workers and by the trusted side
+# that fills their cache (:func:`attn_course.worker.evaluate_job`): one thread
+# each, no LLVM optimisation (a case's arrays are tiny, and a program that misses
+# the cache -- any code but the reference's -- compiles about a third faster).
+# They are given with each compilation, not as XLA_FLAGS: XLA reads XLA_FLAGS once
+# per process, when its backend starts, so a trusted process whose backend was
+# already running (a test session, a notebook) compiled with its own options
+# under the workers' flags, and no worker ever found its entries.  Options given
+# with the compilation are part of the key whatever the process read before.
+WORKER_COMPILER_OPTIONS = {"xla_cpu_multi_thread_eigen": False, "xla_backend_optimization_level": 0}
 
 
 def worker_cache_dir() -> Path:
@@ -75,17 +79,18 @@ def check_cache_dir() -> Path:
 
 
 class worker_keys:
-    """Within this block, programs compiled here are cached under the workers' keys."""
+    """Within this block, programs compiled here are cached under the workers' keys.
+
+    JAX's key includes the environment's XLA_FLAGS, which a worker does not
+    have (:func:`attn_course.sandbox.worker_env`): it is set aside here.
+    """
 
     def __enter__(self):
-        self.saved = os.environ.get("XLA_FLAGS")
-        os.environ["XLA_FLAGS"] = WORKER_XLA_FLAGS
+        self.saved = os.environ.pop("XLA_FLAGS", None)
         return self
 
     def __exit__(self, *exc):
-        if self.saved is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
+        if self.saved is not None:
             os.environ["XLA_FLAGS"] = self.saved
 
 
