@@ -125,10 +125,17 @@ def all_exercises() -> dict[str, Exercise]:
 
 
 def select(spec: str, exercises: dict[str, Exercise] | None = None) -> list[Exercise]:
-    """Exercises named by ``3.1``, a chapter ``3`` / ``ch03``, or ``all``."""
+    """Exercises named by ``3.1``, a chapter ``3`` / ``ch03``, or ``all``.
+
+    An empty name is refused, not taken as ``all``: ``check "$EX"`` with ``EX``
+    unset, or ``grade --exercises ""``, would otherwise run every exercise
+    without a word.
+    """
     exercises = exercises or all_exercises()
     spec = spec.strip().lower()
-    if spec in ("all", "*", ""):
+    if not spec:
+        raise KeyError("no exercise named (an empty name): give 3.1, a chapter (3 or ch03), or all")
+    if spec in ("all", "*"):
         return list(exercises.values())
     if spec in exercises:
         return [exercises[spec]]

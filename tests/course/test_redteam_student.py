@@ -147,3 +147,11 @@ def test_a_nul_byte_in_a_module_is_named_with_its_file(ws, capsys):
     assert cli.main(["check", "3.5", "--workspace", str(ws)]) == 1
     out, err = capsys.readouterr()
     assert "attn_tensors/statmech.py: SyntaxError" in out and "None" not in out, out[-2000:]
+
+
+@pytest.mark.parametrize("spec", ["", "   "])
+def test_check_with_an_empty_name_runs_nothing_and_says_so(ws, capsys, spec):
+    """`attn-course check "$EX"` with EX unset once checked every exercise of the course, silently."""
+    assert cli.main(["check", spec, "--workspace", str(ws)]) == 2
+    assert "empty name" in _one_line_error(capsys)
+    assert not (ws / ".course" / "progress.json").exists()
