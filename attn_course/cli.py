@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("submissions", help="folder of *.zip archives (from `attn-course submit`)")
     g.add_argument("--out", required=True, help="grading folder (gradebook, feedback, report)")
     g.add_argument("--exercises", default="all", help="exercise, chapter or all (default)")
-    g.add_argument("--jobs", type=int, default=2, help="parallel workers (default 2)")
+    g.add_argument("--jobs", type=int, default=None, help="parallel workers on this machine (default 2; "
+                                                          "not with --scheduler, where the cluster's workers grade)")
     g.add_argument("--regrade", action="store_true", help="grade finished archives again")
     g.add_argument("--deadline", metavar="ISO_TIME",
                    help="late policy: the deadline, ISO 8601 with its time zone (2026-12-01T23:59+01:00); an "

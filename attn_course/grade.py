@@ -496,12 +496,18 @@ def _bad_option(args) -> str | None:
 
     Each was taken silently: a budget of 0 (or less, or nan) spent every
     archive's budget at once (every student 0), ``--scheduler ""`` graded on
-    this machine, ``--jobs 0`` ran one worker.
+    this machine, ``--jobs 0`` ran one worker, ``--jobs`` with ``--scheduler``
+    was ignored (the cluster's workers grade).  ``--jobs`` left out is 2.
     """
     if not args.budget > 0:
         return f"--budget must be a number of seconds above 0, got {args.budget:g}"
     if getattr(args, "scheduler", None) is not None and not args.scheduler.strip():
         return "--scheduler needs an address (e.g. tcp://HOST:8786); leave it out to grade on this machine"
+    if args.jobs is not None and getattr(args, "scheduler", None) is not None:
+        return ("--jobs sets the workers on this machine; with --scheduler the Dask cluster's workers grade "
+                "(give the cluster more workers instead)")
+    if args.jobs is None:
+        args.jobs = 2
     if args.jobs < 1:
         return f"--jobs must be a number of workers of at least 1, got {args.jobs}"
     return None

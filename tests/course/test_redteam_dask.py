@@ -202,3 +202,12 @@ def test_a_worker_keeps_its_latest_graders_and_closes_idle_older_ones(monkeypatc
         assert again.grader.spec == "3.3" and closed == ["3.1", "3.2"]
     assert list(dask_pool._GRADERS) == [config["3.4"].key(), config["3.3"].key()]
     assert first.busy == again.busy == 0
+
+
+def test_jobs_with_a_scheduler_is_refused(secret_env, tmp_path, capsys):
+    """--jobs sizes the local pool; with --scheduler it was ignored without a word."""
+    subs = _honest(tmp_path / "submitted", "ok.zip", "on-time")
+    rc, err = _main(["grade", str(subs), "--out", str(tmp_path / "out"), "--exercises", "3.5", "--jobs", "8",
+                     "--scheduler", "tcp://127.0.0.1:8786"], capsys)
+    assert rc == 2 and "--jobs sets the workers on this machine; with --scheduler" in err, err
+    assert not (tmp_path / "out").exists()
