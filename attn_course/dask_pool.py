@@ -183,6 +183,26 @@ def warm_worker(config: TaskConfig) -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
 
 
+def stop_graders(key: str) -> int:
+    """On a Dask worker: close its grader for the configuration ``key``; how many it closed (0 or 1).
+
+    Run on every worker by :meth:`DaskPool.cancel` when the instructor stops
+    a batch (Ctrl-C).  Dask cannot stop a task that is running, and each one
+    went on grading its archive, up to the archive's budget, for nobody:
+    with the grader's servers stopped, each fails at once (its result was
+    discarded anyway, and the archive is graded on the next run).  A task of
+    another batch of the same configuration on this worker fails with it,
+    and is graded again on that batch's next run.
+    """
+    with _LOCK:
+        wg = _GRADERS.pop(key, None)
+    if wg is None:
+        return 0
+    atexit.unregister(wg.grader.close)
+    wg.grader.close()
+    return 1
+
+
 def worker_fingerprint(ci_secret: bool) -> str:
     """This worker's secret fingerprint, or why it has none (run on every worker before a batch)."""
     from .identity import secret_fingerprint
@@ -374,7 +394,12 @@ class DaskPool:
             return res
 
     def cancel(self) -> None:
+        """Cancels the batch's tasks, and stops those already running on the workers (:func:`stop_graders`)."""
         self.client.cancel(list(self.futures))
+        try:
+            self.client.run(stop_graders, self.config.key(), on_error="return")
+        except Exception:  # noqa: BLE001 - a worker gone or the scheduler unreachable: nothing left to stop there
+            pass
 
     def shutdown(self) -> None:
         self.futures.clear()

@@ -155,6 +155,49 @@ LOSS_BATCH = ("honest_a.zip", "honest_b.zip", "untouched.zip", "wrong_shape.zip"
               "read_secret.zip")
 
 
+SLEEPER = "import time\ndef zero_temperature_limit(S, mask=None):\n    time.sleep(900)\n"
+
+
+def _busy_graders() -> int:
+    """On a Dask worker: how many tasks hold a slot of its graders."""
+    from attn_course import dask_pool
+
+    return sum(wg.busy for wg in dask_pool._GRADERS.values())
+
+
+def test_a_stopped_batch_stops_the_archives_running_on_the_workers(cluster, secret_env, tmp_path):
+    """Ctrl-C cancels the batch's tasks (DaskPool.cancel); Dask cannot stop a running one, which
+    went on grading its archive up to its budget, holding the worker.  Here the archive sleeps
+    far past the time this test waits: the worker is free again only if its run was stopped."""
+    import time
+
+    from attn_course.dask_pool import DaskPool, grade_task
+
+    ref = library_files(ROOT)
+    files = dict(ref)
+    files["attn_tensors/statmech.py"] = ref["attn_tensors/statmech.py"] + b"\n\n" + SLEEPER.encode()
+    archive = build_archive(tmp_path / "sleeper.zip", "sleeper", files, token=token_for("sleeper", SECRET))
+    limits = Limits(per_exercise_s=900, per_archive_s=900, cpu_s=60, memory_mb=3072, processes=64, file_mb=16)
+    g = Grader(tmp_path / "out", "3.5", jobs=1, limits=limits, log=lambda *a: None, scheduler=cluster.scheduler_address)
+    pool = DaskPool(cluster.scheduler_address, g)
+    try:
+        slots = pool.check_workers()
+        worker = sorted(pool.client.scheduler_info()["workers"])[0]
+        fut = pool.client.submit(grade_task, pool.config, archive.name, archive.read_bytes(), 0.0, 0, slots,
+                                 pure=False, workers=[worker], allow_other_workers=False)
+        pool.futures[fut] = (archive, b"", 0.0)
+        deadline = time.monotonic() + 120
+        while not pool.client.run(_busy_graders, workers=[worker])[worker]:
+            assert time.monotonic() < deadline, "the sleeper never started"
+            time.sleep(0.2)
+        pool.cancel()
+        after = pool.client.submit(os.getpid, pure=False, workers=[worker], allow_other_workers=False)
+        assert after.result(timeout=120) > 0  # the worker's one thread is free: the sleeper was stopped
+    finally:
+        pool.shutdown()
+        g.close()
+
+
 def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_path):
     """When an archive finishes, a worker that is grading another one dies: the batch
     still finishes, with every result the local pool's (the lost archive ran again elsewhere).
