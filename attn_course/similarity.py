@@ -189,7 +189,12 @@ def report_markdown(rep: SimilarityReport) -> str:
 
 
 def _shown(text: str) -> str:
-    """A piece of a student's code for the HTML view: control and invisible characters removed, escaped."""
+    """A piece of a student's code for the HTML view: control and invisible characters removed, escaped.
+
+    A tab is four spaces (an indent), not the one space :func:`plain` makes of
+    it: code indented with tabs keeps its shape.
+    """
+    text = text.replace("\t", "    ")
     return html.escape(plain(text, max(len(text), len(CUT) + 1), newlines=True)) if text else ""
 
 

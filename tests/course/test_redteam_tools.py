@@ -74,6 +74,17 @@ def test_invisible_characters_do_not_shift_the_highlighted_copy():
         assert "unrelated" not in shown and "zz" not in shown
 
 
+def test_code_indented_with_tabs_keeps_its_shape_in_the_view():
+    """A tab became one space: a block indented with tabs looked flat beside its copy."""
+    tabbed = BODY.replace("        ", "\t\t").replace("    ", "\t")
+    rep = compare_class({"a": {MODULE: BODY}, "b": {MODULE: tabbed}}, {MODULE: STUBS[MODULE]}, 0.5)
+    assert [(p.a, p.b) for p in rep.pairs] == [("a", "b")]
+    pre = re.findall(r"<pre>(.*?)</pre>", report_html(rep), re.S)[1]
+    text = re.sub(r"</?mark>", "", pre)
+    assert "\t" not in text
+    assert "\n        S = xp.where(mask, S, -xp.inf)" in text, text[:300]  # two tabs: two indents
+
+
 # -- late policy -----------------------------------------------------------------------------
 
 
