@@ -116,6 +116,19 @@ def test_report_prints_no_escape_sequence_from_the_students_code():
     assert "boom" in text and len(text) < 20_000
 
 
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_notebook_test_cell_says_no_escape_sequence_from_the_students_code(hidden):
+    """The test cell's failure (nbcheck.failure_text) is what nbgrader's feedback and the
+    notebook show: the student's raised words, without their escapes, and bounded."""
+    from attn_course.nbcheck import failure_text
+
+    ex = all_exercises()["3.5"]
+    said = f"{ESCAPES}boom\r\x08" + "x" * 100_000
+    text = failure_text(ExerciseResult(ex, [CaseResult("ties", False, Status.FAIL, said)]), hidden=hidden)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text), ascii(text[:300])
+    assert "Exercise 3.5" in text and len(text) < 20_000
+
+
 def test_check_shows_a_raised_message_without_its_escapes(ws, capsys):
     path = ws / "attn_tensors" / "statmech.py"
     stub = "    raise NotImplementedError('Exercise 3.5: "
