@@ -6,7 +6,8 @@ program's trace carries as a sub-program, its gradient linearizes as one,
 and its lowering emits as a function of its own.  The other ``jax.numpy``
 functions are inline.  A job of chapter 3 calls ``where`` about a hundred
 times (the library's masks and the probes' losses): staged inline, the
-job's lowering costs about 40% less CPU time, and its trace somewhat less.
+job's lowering costs about a third less CPU time (0.13 -> 0.09 s a child,
+medians of 12 forked children); its trace is unchanged within the noise.
 
 The programs compute the same values: a nested call is inlined by XLA
 anyway, and ``where`` is a select.  What changes is the program's text, and
