@@ -137,11 +137,32 @@ def create(dest: Path, student: str, token: str | None = None) -> Path:
     stub = RELEASE_LIBRARY / "attn_tensors"
     if not stub.is_dir():
         raise WorkspaceError(f"the student release is missing ({stub}); run `attn-course release` first")
+    existed = dest.is_dir()
     try:
         _fill(dest, stub, student, token)
     except OSError as err:
-        raise WorkspaceError(f"{dest} cannot be made a workspace ({os_reason(err)})") from None
+        # a half-made workspace (a full disk, a lost permission) would be refused by the next try
+        # as a folder that "already has files": what was written is removed (the folder was empty)
+        _unfill(dest, existed)
+        raise WorkspaceError(f"{dest} cannot be made a workspace ({os_reason(err)}); "
+                             "nothing was left in it") from None
     return dest
+
+
+def _unfill(dest: Path, existed: bool) -> None:
+    """Remove what :func:`_fill` wrote into ``dest`` (missing or empty before): its contents, and
+    the folder itself if it was made here."""
+    try:
+        if not existed:
+            shutil.rmtree(dest, ignore_errors=True)
+            return
+        for entry in list(dest.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def os_reason(err: OSError) -> str:

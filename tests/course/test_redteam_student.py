@@ -52,6 +52,34 @@ def test_workspace_under_a_file_is_one_line(tmp_path, capsys):
     assert "cannot be made a workspace" in line and "notes.txt" in line
 
 
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_workspace_that_fails_half_way_leaves_nothing_and_can_be_made_again(tmp_path, capsys, monkeypatch,
+                                                                             existing):
+    """A full disk half-way (here: at the first notebook) left a half-made workspace, which the next
+    try refused as a folder that "already has files"."""
+    import errno
+    import shutil
+
+    dest = tmp_path / "ws"
+    if existing:
+        dest.mkdir()  # an empty folder the student made (or is in): it stays, empty
+    real = shutil.copyfile
+
+    def full(src, dst, *a, **k):
+        if str(dst).endswith(".ipynb"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(workspace.shutil, "copyfile", full)
+    assert cli.main(["workspace", str(dest), "--student", "s1"]) == 2
+    line = _one_line_error(capsys)
+    assert "No space left on device" in line and "nothing was left in it" in line
+    assert (dest.is_dir() and not any(dest.iterdir())) if existing else not dest.exists()
+    monkeypatch.setattr(workspace.shutil, "copyfile", real)
+    assert cli.main(["workspace", str(dest), "--student", "s1"]) == 0
+    assert (dest / "course.json").is_file()
+
+
 def test_set_token_twice_names_the_token_it_replaces(ws, capsys):
     assert cli.main(["workspace", str(ws), "--set-token", TOKEN_A]) == 0
     assert "replaces" not in capsys.readouterr().out
