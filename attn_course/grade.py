@@ -497,7 +497,7 @@ def _bad_option(args) -> str | None:
     Each was taken silently: a budget of 0 (or less, or nan) spent every
     archive's budget at once (every student 0), ``--scheduler ""`` graded on
     this machine, ``--jobs 0`` ran one worker, ``--jobs`` with ``--scheduler``
-    was ignored (the cluster's workers grade).  ``--jobs`` left out is 2.
+    was ignored (the cluster's workers grade).
     """
     if not args.budget > 0:
         return f"--budget must be a number of seconds above 0, got {args.budget:g}"
@@ -506,9 +506,7 @@ def _bad_option(args) -> str | None:
     if args.jobs is not None and getattr(args, "scheduler", None) is not None:
         return ("--jobs sets the workers on this machine; with --scheduler the Dask cluster's workers grade "
                 "(give the cluster more workers instead)")
-    if args.jobs is None:
-        args.jobs = 2
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         return f"--jobs must be a number of workers of at least 1, got {args.jobs}"
     return None
 
@@ -530,7 +528,7 @@ def main_grade(args) -> int:
 
     late = policy_from_options(getattr(args, "deadline", None), getattr(args, "grace", 0.0),
                                getattr(args, "late_penalty", 0.0))
-    g = Grader(Path(args.out), args.exercises, jobs=args.jobs, limits=limits,
+    g = Grader(Path(args.out), args.exercises, jobs=2 if args.jobs is None else args.jobs, limits=limits,
                use_bwrap=False if args.no_bwrap else None, ci_secret=args.ci_secret, roster=roster,
                require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend,
                scheduler=getattr(args, "scheduler", None), late=late)
