@@ -13,8 +13,9 @@ The programs compute the same values: a nested call is inlined by XLA
 anyway, and ``where`` is a select.  What changes is the program's text, and
 so its compilation cache key: the trusted side, which fills the workers'
 cache with the reference's programs, and the workers must stage alike, so
-both call :func:`inline_where` before they build one
-(:mod:`attn_course.worker`, :mod:`attn_course.runner`).  Op by op, an
+:func:`attn_course.worker.evaluate_job`, which builds every such program on
+both sides, calls :func:`inline_where` first (and a worker server calls it as
+it starts, before it warms JAX's caches).  Op by op, an
 inline ``jit`` is still a ``jit``: eager code is unchanged.
 
 It replaces a private function of JAX (``jax._src.numpy.util._where``):

@@ -14,7 +14,6 @@ process with a worker's environment: every program is read from the cache.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -27,8 +26,8 @@ from jax._src.numpy import util
 from attn_course import ROOT
 from attn_course.inline_where import inline_where
 from attn_course.registry import all_exercises
-from attn_course.worker import JobItem, evaluate_job, resolve
 from attn_course.sandbox import worker_env
+from attn_course.worker import JobItem, evaluate_job, resolve
 from attn_course.xla_cache import compile_cache, worker_keys
 from attn_tensors import statmech
 from attn_tensors.softmax import softmax
