@@ -22,7 +22,7 @@ from . import values
 from .registry import Case, Exercise
 from .sandbox import Limits
 from .scoring import CaseResult, Outcome, grade
-from .server import Done, ServerError, WorkerServer
+from .server import Done, ServerError, Stopped, WorkerServer
 
 START_GRACE_S = 20.0  # a job on a new server also pays for starting Python and importing JAX
 FIRST_EXERCISE_GRACE_S = 3.0  # the first exercise of a job also starts JAX's backend
@@ -139,16 +139,19 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         starts = server.starts
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
         stopped = False  # the runner stopped the job at its process limit, in its current exercise
+        gone = False  # the server could not take the job, died in it, or did not answer a stop
         look = started
         try:
             server.submit(job)
         except ServerError as err:
             verdict = Outcome.failure("crashed", f"the worker could not start ({err})")
+            gone = True
         while verdict is None and done is None:
             try:
                 msgs = server.poll()
             except ServerError:
                 verdict = Outcome.failure("crashed", "the worker died (it was killed, or ended its sandbox)")
+                gone = True
                 break
             for m in msgs:
                 if isinstance(m, Done):
@@ -188,7 +191,12 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             else:  # until the worker writes, the next look at the process limit, or a limit's end
                 until = min(look, started + limits.per_exercise_s + grace, deadline if deadline is not None else look)
                 server.wait(min(max(until - now, 0.0), 0.1) + 0.001)
-        if verdict is not None or (done is not None and not done.clean):
+        if verdict is not None and done is None and not gone:
+            # the job reached a limit: it is ended, and its server kept if it is clean; a server
+            # that does not answer is killed (a job can stop its server: then the lines the
+            # server had not yet relayed are lost, and the job's last exercise is not known)
+            gone = server.stop_job() is Stopped.LOST
+        elif verdict is not None or (done is not None and not done.clean):
             server.kill()  # a new, pristine server for what follows
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
         if not left:
@@ -204,10 +212,10 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             for ex, _ in left:
                 raw[ex.id] = [verdict]
             break
-        if len(unfinished) > 1 and ((verdict.status == "crashed" and not stopped) or current not in unfinished):
-            # The job or its server died: the last lines it wrote may have died with it (an exercise
-            # that finished can look unfinished, or not even started), so which one did it is not
-            # certain; or the time ran out in the program of the whole job (COMPILING), which is
+        if len(unfinished) > 1 and ((verdict.status == "crashed" and not stopped) or gone or current not in unfinished):
+            # The job or its server died, or the server did not answer a stop: the last lines the
+            # job wrote may be lost (an exercise that finished can look unfinished, or not even
+            # started), so which one did it is not certain; or the time ran out in the program of the whole job (COMPILING), which is
             # every exercise's.  Each runs again alone; a crash or a limit then names its exercise.
             alone, remaining = True, left
             continue

@@ -122,6 +122,10 @@ class Sandbox(Protocol):
     """How a worker server is started, and what is left to clean after it."""
 
     kind: str
+    # whether a job stopped at a limit can be ended by its server alone, which then serves the
+    # next job: where the server sees every process of its sandbox (its own pid namespace), or
+    # where the code is the student's own (check).  Otherwise the server is killed with it.
+    keeps_stopped_servers: bool
 
     def server_command(self) -> tuple[list[str], dict[str, str]]:
         """The argv and the complete environment of a worker server."""
@@ -141,6 +145,7 @@ class Plain:
     """No confinement: a student's own check on their own machine."""
 
     kind = "plain"
+    keeps_stopped_servers = True  # the student's own code: its session is ended, as after any job
 
     def __init__(self, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache
@@ -312,6 +317,7 @@ class Limited:
     """Resource limits without file isolation (where bubblewrap does not work)."""
 
     kind = "limits"
+    keeps_stopped_servers = False  # no pid namespace: what left the job's session is found by its cgroup only
 
     def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache
@@ -355,6 +361,7 @@ class Bubblewrap:
     """The grading sandbox (see the module's docstring)."""
 
     kind = "bubblewrap"
+    keeps_stopped_servers = True  # the server ends every process of its pid namespace
 
     def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache

@@ -7,6 +7,8 @@ stdin and stdout only (no shared folder):
 
 * to the server: ``{"files": {path: source}, "exercises": [...], "cpu_s": n}``
   (and ``"warm": false`` when it should not warm after the job, :attr:`WorkerServer.warm`);
+* to the server, while a job runs: ``{"stop": true}`` (the job reached a
+  limit: the server ends it, and answers ``done`` as below);
 * from the server: ``{"ready": true}``, then per job ``{"out": LINE}`` for
   each line the job wrote to its results channel (LINE is the job's text,
   carried as a JSON string: it cannot forge a message of the server), and
@@ -28,14 +30,24 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 
 from .sandbox import Sandbox
 
 MAX_LINE = 32 * 2**20  # one message (a job's line) at most
+STOP_WAIT_S = 2.0  # how long a server has to end a stopped job and answer (stop_job)
 
 
 class ServerError(RuntimeError):
     """The server broke (started badly, died, spoke out of protocol)."""
+
+
+class Stopped(Enum):
+    """What became of a server whose job was stopped at a limit (:meth:`WorkerServer.stop_job`)."""
+
+    KEPT = "kept"  # it ended the job and its sandbox is clean: it serves the next job
+    KILLED = "killed"  # it was killed (its sandbox was not clean, or cannot end a job alone)
+    LOST = "lost"  # it did not answer, and was killed: lines it had not yet relayed are lost
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,9 @@ class WorkerServer:
                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True,
                                      cwd="/")
         self.starts += 1
+        if os.environ.get("ATTN_LAUNCH_LOG"):  # TEMP instrumentation
+            with open(os.environ["ATTN_LAUNCH_LOG"], "a") as f:
+                f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{os.getpid()}\t{time.time():.2f}\n")
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf, self._eof = b"", False
 
@@ -146,6 +161,40 @@ class WorkerServer:
         except (BrokenPipeError, OSError) as err:
             self.kill()
             raise ServerError(f"the worker server is gone ({err})") from None
+
+    def stop_job(self, timeout_s: float = STOP_WAIT_S) -> Stopped:
+        """End the running job (it reached a limit), and keep the server if it can be kept.
+
+        Sends ``{"stop": true}``: the server kills the job and everything it
+        started, empties its sandbox and answers ``Done``.  If it did so
+        within ``timeout_s`` with a clean sandbox, the next job runs on this
+        server, without a new start (:attr:`Stopped.KEPT`).  Otherwise, or
+        where the sandbox cannot end a job's processes from inside
+        (``keeps_stopped_servers``), the server is killed.  What the job
+        wrote meanwhile is dropped, up to :data:`MAX_LINE` in all.
+        """
+        if not getattr(self.sandbox, "keeps_stopped_servers", False):
+            self.kill()
+            return Stopped.KILLED
+        deadline, dropped = time.monotonic() + timeout_s, 0
+        try:
+            if self.proc is None or self.proc.poll() is not None:
+                raise ServerError("the worker server is gone")
+            self.proc.stdin.write(b'{"stop":true}\n')
+            self.proc.stdin.flush()
+            while time.monotonic() < deadline and dropped <= MAX_LINE:
+                for msg in self.poll():
+                    if isinstance(msg, Done):
+                        if msg.clean:
+                            return Stopped.KEPT
+                        self.kill()  # every line came before its Done: none is lost
+                        return Stopped.KILLED
+                    dropped += len(msg.text)
+                self.wait(max(0.0, min(0.1, deadline - time.monotonic())))
+        except (ServerError, BrokenPipeError, OSError, ValueError):
+            pass
+        self.kill()
+        return Stopped.LOST
 
     def poll(self) -> list[Line | Done]:
         """What arrived since the last poll; raises :class:`ServerError` if the server broke."""

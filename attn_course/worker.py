@@ -708,6 +708,40 @@ def _empty(folder: str, keep: dict[str, int] | None = None) -> bool:
         return False
 
 
+class _Control:
+    """The server's stdin, read by lines from one buffer of its own (not Python's, which could
+    read a stop line ahead with the job and hide it from ``select``)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, bytearray(), False
+
+    def fill(self) -> None:
+        """One read of what has arrived (blocks if nothing has: call it when ``select`` says so)."""
+        data = os.read(self.fd, 1 << 20)
+        self.eof = self.eof or not data
+        self.buf += data
+
+    def line(self) -> bytes | None:
+        """The next whole line, if one has arrived."""
+        end = self.buf.find(b"\n")
+        if end < 0:
+            return None
+        line = bytes(self.buf[:end])
+        del self.buf[:end + 1]
+        return line
+
+    def readline(self) -> bytes | None:
+        """The next line, waiting for it; None at the end of the input (the grader is gone)."""
+        while (line := self.line()) is None:
+            if self.eof:
+                return None
+            self.fill()
+        return line
+
+
+STOP = {"stop": True}  # while a job runs: end it now (a limit was reached); ignored between jobs
+
+
 def _kill_others(in_pid_namespace: bool, child: int) -> bool:
     """End every process but this server; True when none is left."""
     me = os.getpid()
@@ -751,10 +785,12 @@ def serve(scratch: str) -> int:
     Reads one JSON job per line from stdin, writes the job's package into an
     empty ``scratch`` folder (the sandbox's private ``/tmp``), forks, and
     relays each line the child writes to its results pipe as ``{"out":
-    line}``; when the child is gone it ends every other process of the
-    sandbox, empties ``scratch`` and ``/dev/shm`` and answers ``{"done":
-    status, "tail": last output line}``.  If it cannot leave the sandbox
-    clean it exits, and the grader starts a pristine one.  Then, unless the
+    line}``.  A line from the grader while the job runs (``{"stop": true}``:
+    the job reached a limit) ends the job at once.  When the child is gone
+    it ends every other process of the sandbox, empties ``scratch`` and
+    ``/dev/shm`` and answers ``{"done": status, "tail": last output line,
+    "clean": bool}``.  If it cannot leave the sandbox clean it exits, and
+    the grader starts a pristine one.  Then, unless the
     job says ``"warm": false``, it traces JAX's operations on the job's
     shapes for the children to come (:mod:`attn_course.warm`).  JAX is
     imported here but its backend starts only in the children (XLA's
@@ -778,7 +814,7 @@ def serve(scratch: str) -> int:
     PR_SET_DUMPABLE, PR_SET_PDEATHSIG = 4, 1
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     server = os.getpid()
-    control_in, control_out = sys.stdin.buffer, os.fdopen(os.dup(1), "w", buffering=1)
+    control, control_out = _Control(0), os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -791,9 +827,11 @@ def serve(scratch: str) -> int:
         control_out.write(json.dumps(msg) + "\n")
 
     send({"ready": True})
-    for line in control_in:
+    while (line := control.readline()) is not None:
         try:
             job = json.loads(line)
+            if job == STOP:  # a stop that came after its job had ended
+                continue
             work = Path(scratch) / "job"
             work.mkdir()
             _write_package(job["files"], work / "pkg")
@@ -834,8 +872,8 @@ def serve(scratch: str) -> int:
         os.close(w)
         buf, status, eof = b"", None, False
         while True:
-            ready, _, _ = select.select([r], [], [], 0.05) if not eof else ([], [], [])
-            if ready:
+            ready, _, _ = select.select([control.fd] if eof else [r, control.fd], [], [], 0.05)
+            if r in ready:
                 chunk = os.read(r, 1 << 20)
                 buf += chunk
                 while b"\n" in buf:
@@ -847,14 +885,21 @@ def serve(scratch: str) -> int:
                 if chunk:
                     continue
                 eof = True  # every writer closed its end: no more to read
+            if control.fd in ready:
+                control.fill()
+                if control.line() is not None or control.eof:  # a stop (or the grader is gone): end the job
+                    if status is None:
+                        try:
+                            os.killpg(pid, signal.SIGKILL)  # its session; what left it is ended below
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                        status = os.waitpid(pid, 0)[1]
+                    break
             if status is not None:
                 break  # the child is gone; what it wrote before is read (a leftover is killed below)
-            if eof:  # the child is ending: wait for it rather than spin (one that runs on is the grader's to stop)
-                status = os.waitpid(pid, 0)[1]
-            else:
-                done, st = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    status = st
+            done, st = os.waitpid(pid, os.WNOHANG)  # (after the pipe's end, a pause a turn: select's)
+            if done:
+                status = st
         clean = _kill_others(in_pid_namespace, pid)
         os.close(r)
         tail = _last_line(work / "output.log")

@@ -28,8 +28,9 @@ class Scripted:
     """A worker server that plays one script per job: ('start', id), ('phase', None), ('result', id),
     ('sleep', seconds), ('refuse', None) (its sandbox refuses a fork), 'hang', 'die' or 'done'."""
 
-    def __init__(self, scripts):
-        self.scripts, self.jobs, self.starts, self.kills = list(scripts), [], 1, 0
+    def __init__(self, scripts, answers_stop=True):
+        self.scripts, self.jobs, self.starts, self.kills, self.stops = list(scripts), [], 1, 0, 0
+        self.answers_stop = answers_stop
         self.sandbox = Box()
 
     def submit(self, job):
@@ -73,6 +74,17 @@ class Scripted:
         self.kills += 1
         self.starts += 1
 
+    def stop_job(self):
+        """The job reached a limit: it ends, and this server is kept (as a clean real one is);
+        or, if it does not answer (its job stopped it), it is killed."""
+        from attn_course.server import Stopped
+
+        self.stops += 1
+        self.script = []
+        if not self.answers_stop:
+            self.kill()
+        return Stopped.KEPT if self.answers_stop else Stopped.LOST
+
 
 def _items(*ids):
     ex = all_exercises()
@@ -114,6 +126,26 @@ def test_a_limit_reached_in_the_jobs_program_runs_each_exercise_alone(monkeypatc
     ])
     raw = run_worker(server, {}, _items("3.1", "3.2"), Limits(per_exercise_s=0.2))
     assert server.jobs == [["3.1", "3.2"], ["3.1"], ["3.2"]]
+    assert (server.stops, server.kills) == (2, 0)  # each hang is stopped; no server is started again
+    assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
+    assert [o.status for o in raw["3.2"]] == ["timeout"]
+
+
+def test_a_server_that_does_not_answer_a_stop_leaves_the_blame_open(monkeypatch):
+    """The time ran out while the job's last line seen was 3.1's start; but its server did not
+    answer the stop (the job had stopped the server: 3.2's start line may be unrelayed), so 3.1
+    is not blamed on that line: each unfinished exercise runs alone, and 3.2 pays."""
+    from attn_course import runner
+
+    monkeypatch.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
+    monkeypatch.setattr(runner, "START_GRACE_S", 0.0)
+    server = Scripted([
+        [("start", "3.1"), "hang"],
+        [("start", "3.1"), ("result", "3.1"), "done"],
+        [("start", "3.2"), "hang"],
+    ], answers_stop=False)
+    raw = run_worker(server, {}, _items("3.1", "3.2"), Limits(per_exercise_s=0.2))
+    assert server.jobs == [["3.1", "3.2"], ["3.1"], ["3.2"]]
     assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
     assert [o.status for o in raw["3.2"]] == ["timeout"]
 
@@ -139,13 +171,15 @@ def test_a_job_at_its_process_limit_is_stopped_at_once_and_blames_its_exercise()
     ])
     raw = run_worker(server, {}, _items("3.1", "3.2", "3.3"), Limits(per_exercise_s=20))
     assert server.jobs == [["3.1", "3.2", "3.3"], ["3.3"]]
-    assert server.kills == 1
+    assert (server.stops, server.kills) == (1, 0)  # the job is stopped; its server serves 3.3
     assert [o.status for o in raw["3.2"]] == ["crashed"] and "process limit" in raw["3.2"][0].message
     assert [o.status for o in raw["3.3"]] == ["ok"] * len(raw["3.3"])
 
 
 class _Command:
     """A sandbox that runs a given command as the server (no confinement: our own script)."""
+
+    keeps_stopped_servers = True
 
     def __init__(self, code: str):
         import sys
@@ -185,3 +219,37 @@ def test_the_runner_wakes_when_the_server_writes_and_does_not_spin_on_a_closed_p
         assert calls < 200, calls  # a pause of 10 ms a call is 50 at most; a spin is thousands
     finally:
         server.close()
+
+
+def _answering(done_line: str | None) -> _Command:
+    """A fake server that says it is ready, takes a job, and answers a stop with ``done_line``
+    (None: it never answers)."""
+    answer = "" if done_line is None else f"sys.stdout.write({done_line!r} + '\\n'); sys.stdout.flush()\n"
+    return _Command("import sys, time\n"
+                    "sys.stdout.write('{\"ready\": true}\\n'); sys.stdout.flush()\n"
+                    "sys.stdin.readline()\n"  # the job
+                    "sys.stdout.write('{\"out\": \"working\"}\\n'); sys.stdout.flush()\n"
+                    "sys.stdin.readline()\n"  # the stop
+                    + answer + "time.sleep(60)\n")
+
+
+def test_a_stopped_job_keeps_its_server_only_when_the_server_answers_clean():
+    """WorkerServer.stop_job: kept (still running) when the server ends the job and its sandbox
+    is clean; killed when it says it is not clean, or does not answer in time (lost: what it had
+    not relayed is lost), or when its sandbox cannot end a job from inside (Limited's)."""
+    from attn_course.server import Stopped, WorkerServer
+
+    for done_line, keeps, stopped in [('{"done": -9, "tail": "", "clean": true}', True, Stopped.KEPT),
+                                      ('{"done": -9, "tail": "", "clean": false}', True, Stopped.KILLED),
+                                      (None, True, Stopped.LOST),
+                                      ('{"done": -9, "tail": "", "clean": true}', False, Stopped.KILLED)]:
+        sandbox = _answering(done_line)
+        sandbox.keeps_stopped_servers = keeps
+        server = WorkerServer(sandbox)
+        try:
+            server.start()
+            server.submit({"files": {}, "exercises": []})
+            assert server.stop_job(timeout_s=1.0) is stopped, (done_line, keeps)
+            assert (server.proc is not None and server.proc.poll() is None) is (stopped is Stopped.KEPT)
+        finally:
+            server.close()

@@ -1,0 +1,113 @@
+"""A job stopped at a limit is ended where it runs, and its server serves the next job.
+
+A time limit, a spent budget or the process limit used to kill the whole
+worker server, and the next job paid for a new one (Python, JAX, the specs
+and the warm-up: 1-3 CPU-s).  Now the grader asks the server to end the job
+(``{"stop": true}``); the server kills it and everything it started, empties
+its sandbox, and goes on only if that left it clean.  These tests run a real
+server: a job that plants a daemon, a stray process and a file, then loops
+for ever, is stopped at its time limit; the next job on the same server (no
+new start) finds none of it, and gets full credit for right answers.  The
+same in check's sandbox (limits only) with a job that just sleeps.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from attn_course import ROOT
+from attn_course.registry import all_exercises
+from attn_course.runner import package_files, reference_results, run_and_grade, run_worker
+from attn_course.sandbox import Bubblewrap, Limits, Plain, bwrap_works
+from attn_course.server import WorkerServer
+
+EX = all_exercises()
+
+# 3.1 plants what should outlive it, then loops for ever (until its time limit; asleep, not to burn the suite's CPU)
+PLANTER = """
+import os as _os, subprocess as _sp, time as _time
+def log_partition_function(S, mask=None, T=1.0):
+    _sp.Popen(['sleep', '4242'], start_new_session=True)
+    if _os.fork() == 0:
+        _os.setsid()
+        if _os.fork() == 0:
+            while True:
+                try:
+                    open('/tmp/planted', 'w').write('x')
+                except OSError:
+                    pass
+                _time.sleep(0.01)
+        _os._exit(0)
+    open('/tmp/planted_now', 'w').write('x')
+    while True:
+        _time.sleep(1)
+"""
+
+# 3.4 is right only where nothing of an earlier job is left: no file, no other process
+SPY = """
+import os as _os
+_honest_heat_capacity = heat_capacity
+def heat_capacity(S, mask=None, T=1.0):
+    left = [p for p in ('/tmp/planted', '/tmp/planted_now') if _os.path.lexists(p)]
+    if _os.getpid() <= 3:  # in the sandbox's own pid namespace: every process is seen
+        me = {1, _os.getpid(), _os.getppid()}
+        left += [p for p in _os.listdir('/proc') if p.isdigit() and int(p) not in me]
+    if left:
+        raise RuntimeError(f'left by an earlier job: {left}')
+    return _honest_heat_capacity(S, mask, T)
+"""
+
+
+def _package(tmp_path, extra: str):
+    dest = tmp_path / "pkg"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(ROOT / "attn_tensors", dest / "attn_tensors",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    stat = dest / "attn_tensors" / "statmech.py"
+    stat.write_text(stat.read_text() + "\n" + extra)
+    return package_files(dest)
+
+
+# the same without what would outlive it outside a sandbox (check's runs the student's own code,
+# with limits only: a process that leaves its session is not the grader's to find)
+LOOPER = """
+import time as _time
+def log_partition_function(S, mask=None, T=1.0):
+    while True:
+        _time.sleep(1)
+"""
+
+
+def _stopped_then_served(tmp_path, sandbox, limits: Limits, job: str, spy: str) -> None:
+    server = WorkerServer(sandbox)
+    try:
+        server.start()  # (a job on a server it starts has 20 s more: the start's grace)
+        raw = run_worker(server, _package(tmp_path, job), [(EX["3.1"], EX["3.1"].make_cases(False))], limits)
+        assert [o.status for o in raw["3.1"]] == ["timeout"], raw["3.1"]
+        assert server.starts == 1 and server.proc is not None and server.proc.poll() is None
+        ex = EX["3.4"]
+        cases = ex.make_cases(False)
+        graded = run_and_grade(server, _package(tmp_path, spy), [(ex, cases, reference_results(ex, cases))],
+                               False, set(), limits)
+        assert all(c.passed for c in graded["3.4"]), [c.message for c in graded["3.4"] if not c.passed]
+        assert server.starts == 1  # the same server: the stopped job cost no new start
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+def test_a_job_stopped_in_bubblewrap_leaves_nothing_for_the_next_on_the_same_server(tmp_path):
+    if not bwrap_works():
+        pytest.skip("needs bubblewrap")
+    limits = Limits(per_exercise_s=1)
+    _stopped_then_served(tmp_path, Bubblewrap(7, limits), limits, PLANTER, SPY)
+
+
+@pytest.mark.slow
+def test_a_job_stopped_in_checks_sandbox_leaves_nothing_for_the_next(tmp_path):
+    """check's sandbox (limits only, no pid namespace): the job's session is killed."""
+    limits = Limits(per_exercise_s=1)
+    _stopped_then_served(tmp_path, Plain(limits), limits, LOOPER, "")
