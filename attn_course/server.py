@@ -97,9 +97,6 @@ class WorkerServer:
                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True,
                                      cwd="/")
         self.starts += 1
-        if os.environ.get("ATTN_LAUNCH_LOG"):  # TEMP instrumentation
-            with open(os.environ["ATTN_LAUNCH_LOG"], "a") as f:
-                f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{os.getpid()}\t{time.time():.2f}\n")
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf, self._eof = b"", False
 
