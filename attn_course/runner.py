@@ -139,7 +139,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         starts = server.starts
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
         stopped = False  # the runner stopped the job at its process limit, in its current exercise
-        gone = False  # the server could not take the job, died in it, or did not answer a stop
+        gone = False  # the server could not take the job, died in it, or lost or delayed its last lines
         look = started
         try:
             server.submit(job)
@@ -195,7 +195,12 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             # the job reached a limit: it is ended, and its server kept if it is clean; a server
             # that does not answer is killed (a job can stop its server: then the lines the
             # server had not yet relayed are lost, and the job's last exercise is not known)
-            gone = server.stop_job() is Stopped.LOST
+            late: list[str] = []
+            gone = server.stop_job(late) is Stopped.LOST
+            # a line about an exercise relayed only now: the job had moved on (another exercise's
+            # start, a result, its program) before the limit was seen, so whose it is is not known
+            unreported = {k: v for k, v in todo.items() if k not in raw}
+            gone = gone or any(_parse(text, unreported) is not None for text in late)
         elif verdict is not None or (done is not None and not done.clean):
             server.kill()  # a new, pristine server for what follows
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]

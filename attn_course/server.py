@@ -159,7 +159,7 @@ class WorkerServer:
             self.kill()
             raise ServerError(f"the worker server is gone ({err})") from None
 
-    def stop_job(self, timeout_s: float = STOP_WAIT_S) -> Stopped:
+    def stop_job(self, late: list[str] | None = None, timeout_s: float = STOP_WAIT_S) -> Stopped:
         """End the running job (it reached a limit), and keep the server if it can be kept.
 
         Sends ``{"stop": true}``: the server kills the job and everything it
@@ -167,8 +167,10 @@ class WorkerServer:
         within ``timeout_s`` with a clean sandbox, the next job runs on this
         server, without a new start (:attr:`Stopped.KEPT`).  Otherwise, or
         where the sandbox cannot end a job's processes from inside
-        (``keeps_stopped_servers``), the server is killed.  What the job
-        wrote meanwhile is dropped, up to :data:`MAX_LINE` in all.
+        (``keeps_stopped_servers``), the server is killed.  The lines the
+        job wrote that arrive meanwhile are added to ``late`` (up to
+        :data:`MAX_LINE` in all): the job may have moved on before the limit
+        was seen.
         """
         if not getattr(self.sandbox, "keeps_stopped_servers", False):
             self.kill()
@@ -187,6 +189,8 @@ class WorkerServer:
                         self.kill()  # every line came before its Done: none is lost
                         return Stopped.KILLED
                     dropped += len(msg.text)
+                    if late is not None and dropped <= MAX_LINE:
+                        late.append(msg.text)
                 self.wait(max(0.0, min(0.1, deadline - time.monotonic())))
         except (ServerError, BrokenPipeError, OSError, ValueError):
             pass

@@ -74,13 +74,18 @@ class Scripted:
         self.kills += 1
         self.starts += 1
 
-    def stop_job(self):
+    def stop_job(self, late=None):
         """The job reached a limit: it ends, and this server is kept (as a clean real one is);
-        or, if it does not answer (its job stopped it), it is killed."""
+        or, if it does not answer (its job stopped it), it is killed.  Lines left in the script
+        after a "hang" are the ones relayed late, while the job is being stopped."""
         from attn_course.server import Stopped
 
         self.stops += 1
+        rest = [step for step in self.script if isinstance(step, tuple) and step[0] in ("start", "result")]
         self.script = []
+        if late is not None:
+            late += [json.dumps({"start": ex} if kind == "start" else {"id": ex, "results": [ZERO] * self.cases[ex]})
+                     for kind, ex in rest]
         if not self.answers_stop:
             self.kill()
         return Stopped.KEPT if self.answers_stop else Stopped.LOST
@@ -146,6 +151,25 @@ def test_a_server_that_does_not_answer_a_stop_leaves_the_blame_open(monkeypatch)
     ], answers_stop=False)
     raw = run_worker(server, {}, _items("3.1", "3.2"), Limits(per_exercise_s=0.2))
     assert server.jobs == [["3.1", "3.2"], ["3.1"], ["3.2"]]
+    assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
+    assert [o.status for o in raw["3.2"]] == ["timeout"]
+
+
+def test_a_line_relayed_only_after_the_limit_leaves_the_blame_open(monkeypatch):
+    """The time ran out on 3.1's start line, but 3.2's start arrives while the job is being
+    stopped (its server was slow to relay it): 3.1 may have finished in time, so it is not
+    blamed on that line; each unfinished exercise runs alone, and 3.2 pays."""
+    from attn_course import runner
+
+    monkeypatch.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
+    server = Scripted([
+        [("start", "3.1"), "hang", ("start", "3.2")],
+        [("start", "3.1"), ("result", "3.1"), "done"],
+        [("start", "3.2"), "hang"],
+    ])
+    raw = run_worker(server, {}, _items("3.1", "3.2"), Limits(per_exercise_s=0.2))
+    assert server.jobs == [["3.1", "3.2"], ["3.1"], ["3.2"]]
+    assert (server.stops, server.kills) == (2, 0)
     assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
     assert [o.status for o in raw["3.2"]] == ["timeout"]
 
