@@ -873,6 +873,16 @@ def serve(scratch: str) -> int:
         buf, status, eof = b"", None, False
         while True:
             ready, _, _ = select.select([control.fd] if eof else [r, control.fd], [], [], 0.05)
+            if control.fd in ready:  # first: a job that writes without end must not keep it waiting
+                control.fill()
+                if control.line() is not None or control.eof:  # a stop (or the grader is gone): end the job
+                    if status is None:
+                        try:
+                            os.killpg(pid, signal.SIGKILL)  # its session; what left it is ended below
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                        status = os.waitpid(pid, 0)[1]
+                    break
             if r in ready:
                 chunk = os.read(r, 1 << 20)
                 buf += chunk
@@ -885,16 +895,6 @@ def serve(scratch: str) -> int:
                 if chunk:
                     continue
                 eof = True  # every writer closed its end: no more to read
-            if control.fd in ready:
-                control.fill()
-                if control.line() is not None or control.eof:  # a stop (or the grader is gone): end the job
-                    if status is None:
-                        try:
-                            os.killpg(pid, signal.SIGKILL)  # its session; what left it is ended below
-                        except (ProcessLookupError, PermissionError):
-                            pass
-                        status = os.waitpid(pid, 0)[1]
-                    break
             if status is not None:
                 break  # the child is gone; what it wrote before is read (a leftover is killed below)
             done, st = os.waitpid(pid, os.WNOHANG)  # (after the pipe's end, a pause a turn: select's)

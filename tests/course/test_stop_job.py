@@ -111,3 +111,27 @@ def test_a_job_stopped_in_checks_sandbox_leaves_nothing_for_the_next(tmp_path):
     """check's sandbox (limits only, no pid namespace): the job's session is killed."""
     limits = Limits(per_exercise_s=1)
     _stopped_then_served(tmp_path, Plain(limits), limits, LOOPER, "")
+
+
+# 3.1 writes to the results channel without end: stopped at the output limit
+FLOODER = """
+import os as _os
+def log_partition_function(S, mask=None, T=1.0):
+    while True:
+        _os.write(3, b'x' * 65535 + b'\\n')
+"""
+
+
+@pytest.mark.slow
+def test_a_job_that_writes_without_end_is_stopped_and_its_server_kept(tmp_path):
+    """Stopped at the output limit, the job is ended by its server, which goes on serving
+    (it looks for a stop before it relays the job's next line: a flood cannot hold it)."""
+    limits = Limits(per_exercise_s=60, output_mb=1)
+    server = WorkerServer(Plain(limits))
+    try:
+        server.start()
+        raw = run_worker(server, _package(tmp_path, FLOODER), [(EX["3.1"], EX["3.1"].make_cases(False))], limits)
+        assert [o.status for o in raw["3.1"]] == ["crashed"] and "output limit" in raw["3.1"][0].message
+        assert server.starts == 1 and server.proc is not None and server.proc.poll() is None
+    finally:
+        server.close()
