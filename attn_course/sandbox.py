@@ -351,7 +351,7 @@ def bwrap_works() -> bool:
         return False
     try:
         r = subprocess.run([exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                            "--ro-bind", "/", "/", "true"], capture_output=True, timeout=20)
+                            "--as-pid-1", "--ro-bind", "/", "/", "true"], capture_output=True, timeout=20)
         return r.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -380,8 +380,10 @@ class Bubblewrap:
         size = str(self.limits.scratch_mb * 2**20)
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds
+        # --as-pid-1: the server is its pid namespace's init, to which no process of the namespace
+        # can send a signal it has no handler for: a job cannot stop or kill its server
         argv = [shutil.which("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns",
-                "--die-with-parent", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
+                "--die-with-parent", "--as-pid-1", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
                 "--size", size, "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
                 "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/", "--clearenv"]
         for k, v in worker_env("/tmp", self.cache).items():

@@ -795,7 +795,8 @@ def serve(scratch: str) -> int:
     shapes for the children to come (:mod:`attn_course.warm`).  JAX is
     imported here but its backend starts only in the children (XLA's
     threads do not survive a fork).  The server is not dumpable: a child cannot ptrace it
-    or open its descriptors.
+    or open its descriptors; in bubblewrap it is its pid namespace's init, which a child
+    cannot stop or kill either.
     """
     import ctypes
     import resource
@@ -819,6 +820,8 @@ def serve(scratch: str) -> int:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     in_pid_namespace = os.getpid() <= 3
+    if os.getpid() == 1:  # its namespace's init (bubblewrap's --as-pid-1): a signal from a job is
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # dropped unless handled: Python's SIGINT no more
     shm = "/dev/shm" if in_pid_namespace and os.path.isdir("/dev/shm") else None
     keep = _snapshot(scratch)  # the mount points' parents, if a bind lives under it
     warmed: set = set()  # shapes whose jax.numpy traces the children inherit (attn_course.warm)

@@ -135,3 +135,39 @@ def test_a_job_that_writes_without_end_is_stopped_and_its_server_kept(tmp_path):
         assert server.starts == 1 and server.proc is not None and server.proc.poll() is None
     finally:
         server.close()
+
+
+# 3.4 signals its server (its parent, and pid 1) to stop, end or be interrupted, then answers
+SIGNALLER = """
+import os as _os, signal as _signal
+_honest_heat_capacity = heat_capacity
+def heat_capacity(S, mask=None, T=1.0):
+    for sig in (_signal.SIGSTOP, _signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGKILL):
+        for pid in {_os.getppid(), 1}:
+            try:
+                _os.kill(pid, sig)
+            except OSError:
+                pass
+    return _honest_heat_capacity(S, mask, T)
+"""
+
+
+@pytest.mark.slow
+def test_in_bubblewrap_a_job_cannot_stop_or_kill_its_server(tmp_path):
+    """The server is its pid namespace's init (bubblewrap's --as-pid-1): the job's signals never
+    arrive, its right answers count, and the same server serves the next job."""
+    if not bwrap_works():
+        pytest.skip("needs bubblewrap")
+    limits = Limits(per_exercise_s=20)
+    server = WorkerServer(Bubblewrap(8, limits))
+    try:
+        server.start()
+        ex = EX["3.4"]
+        cases = ex.make_cases(False)
+        for _ in range(2):
+            graded = run_and_grade(server, _package(tmp_path, SIGNALLER), [(ex, cases, reference_results(ex, cases))],
+                                   False, set(), limits)
+            assert all(c.passed for c in graded["3.4"]), [c.message for c in graded["3.4"] if not c.passed]
+        assert server.starts == 1 and server.proc.poll() is None
+    finally:
+        server.close()
