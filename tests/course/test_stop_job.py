@@ -81,17 +81,24 @@ def log_partition_function(S, mask=None, T=1.0):
 """
 
 
-def _stopped_then_served(tmp_path, sandbox, limits: Limits, job: str, spy: str) -> None:
+def _stopped_then_served(tmp_path, monkeypatch, sandbox, job: str, spy: str) -> None:
+    """``job`` never ends: stopped at its time limit of 1 s, whatever the load; the ``spy`` job that
+    follows, on the same server, has a minute (an answer takes well under a second)."""
+    from attn_course import runner
+
     server = WorkerServer(sandbox)
     try:
         server.start()  # (a job on a server it starts has 20 s more: the start's grace)
-        raw = run_worker(server, _package(tmp_path, job), [(EX["3.1"], EX["3.1"].make_cases(False))], limits)
+        with monkeypatch.context() as m:
+            m.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
+            raw = run_worker(server, _package(tmp_path, job), [(EX["3.1"], EX["3.1"].make_cases(False))],
+                             Limits(per_exercise_s=1))
         assert [o.status for o in raw["3.1"]] == ["timeout"], raw["3.1"]
         assert server.starts == 1 and server.proc is not None and server.proc.poll() is None
         ex = EX["3.4"]
         cases = ex.make_cases(False)
         graded = run_and_grade(server, _package(tmp_path, spy), [(ex, cases, reference_results(ex, cases))],
-                               False, set(), limits)
+                               False, set(), Limits(per_exercise_s=60))
         assert all(c.passed for c in graded["3.4"]), [c.message for c in graded["3.4"] if not c.passed]
         assert server.starts == 1  # the same server: the stopped job cost no new start
     finally:
@@ -99,18 +106,16 @@ def _stopped_then_served(tmp_path, sandbox, limits: Limits, job: str, spy: str) 
 
 
 @pytest.mark.slow
-def test_a_job_stopped_in_bubblewrap_leaves_nothing_for_the_next_on_the_same_server(tmp_path):
+def test_a_job_stopped_in_bubblewrap_leaves_nothing_for_the_next_on_the_same_server(tmp_path, monkeypatch):
     if not bwrap_works():
         pytest.skip("needs bubblewrap")
-    limits = Limits(per_exercise_s=1)
-    _stopped_then_served(tmp_path, Bubblewrap(7, limits), limits, PLANTER, SPY)
+    _stopped_then_served(tmp_path, monkeypatch, Bubblewrap(7, Limits()), PLANTER, SPY)
 
 
 @pytest.mark.slow
-def test_a_job_stopped_in_checks_sandbox_leaves_nothing_for_the_next(tmp_path):
+def test_a_job_stopped_in_checks_sandbox_leaves_nothing_for_the_next(tmp_path, monkeypatch):
     """check's sandbox (limits only, no pid namespace): the job's session is killed."""
-    limits = Limits(per_exercise_s=1)
-    _stopped_then_served(tmp_path, Plain(limits), limits, LOOPER, "")
+    _stopped_then_served(tmp_path, monkeypatch, Plain(Limits()), LOOPER, "")
 
 
 # 3.1 writes to the results channel without end: stopped at the output limit
