@@ -381,11 +381,13 @@ class Bubblewrap:
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds
         # --as-pid-1: the server is its pid namespace's init, to which no process of the namespace
-        # can send a signal it has no handler for: a job cannot stop or kill its server
+        # can send a signal it has no handler for: a job cannot stop or kill its server.  /dev is
+        # read-only (a file there would outlive its job); /dev/shm is emptied after each job
         argv = [shutil.which("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns",
                 "--die-with-parent", "--as-pid-1", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
                 "--size", size, "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
-                "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/", "--clearenv"]
+                "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--remount-ro", "/",
+                "--chdir", "/", "--clearenv"]
         for k, v in worker_env("/tmp", self.cache).items():
             argv += ["--setenv", k, v]
         return argv

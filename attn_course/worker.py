@@ -769,6 +769,19 @@ def _kill_others(in_pid_namespace: bool, child: int) -> bool:
     return False
 
 
+def _sysv_ipc() -> bool:
+    """Whether a System V shared memory segment, semaphore set or message queue exists (in the
+    sandbox's own IPC namespace: one left by a job would outlive it, for the next to read)."""
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                if len(f.read().strip().splitlines()) > 1:  # a header line, then one per object
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _last_line(path: Path) -> str:
     try:
         with open(path, "rb") as f:
@@ -863,6 +876,9 @@ def serve(scratch: str) -> int:
                 os.chdir("/")  # read-only (and never on sys.path: -I)
                 cpu = int(job.get("cpu_s", 120))
                 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+                # no POSIX message queue (one would outlive the job in the sandbox's IPC namespace,
+                # and cannot be listed without a mount to look for it)
+                resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
                 sys.stdin = open(os.devnull)
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
@@ -907,6 +923,7 @@ def serve(scratch: str) -> int:
         os.close(r)
         tail = _last_line(work / "output.log")
         clean = _empty(scratch, keep) and (shm is None or _empty(shm)) and clean
+        clean = clean and (not in_pid_namespace or not _sysv_ipc())
         send({"done": os.waitstatus_to_exitcode(status), "tail": tail, "clean": clean})
         if not clean:
             return 3  # something of the job would outlive it: a new sandbox for the next one
