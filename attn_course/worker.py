@@ -742,8 +742,8 @@ class _Control:
 STOP = {"stop": True}  # while a job runs: end it now (a limit was reached); ignored between jobs
 
 
-def _kill_others(in_pid_namespace: bool, child: int) -> bool:
-    """End every process but this server; True when none is left."""
+def _kill_others(in_pid_namespace: bool, child: int, template: int) -> bool:
+    """End every process but this server and its template; True when none is left."""
     me = os.getpid()
     if not in_pid_namespace:
         try:
@@ -752,7 +752,7 @@ def _kill_others(in_pid_namespace: bool, child: int) -> bool:
             pass
         return True
     for _ in range(50):
-        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me, template)]
         if not others:
             return True
         for other in others:
@@ -792,6 +792,166 @@ def _last_line(path: Path) -> str:
     return lines[-1][:400] if lines else ""
 
 
+class _Folder(NamedTuple):
+    """What a scratch folder (``/tmp``, ``/dev/shm``) was like before any job: its own mode and
+    times (a job can change those of the folder itself, not only its contents) and its free space."""
+
+    path: str
+    mode: int
+    times: tuple[int, int]
+    free: tuple[int, int]
+
+
+def _folder(path: str) -> _Folder:
+    st, fs = os.stat(path), os.statvfs(path)
+    return _Folder(path, st.st_mode & 0o7777, (st.st_atime_ns, st.st_mtime_ns), (fs.f_bfree, fs.f_ffree))
+
+
+def _as_before(folder: _Folder) -> bool:
+    """Put the folder itself back as it was (mode, times, no extended attribute); False when that
+    fails, or when space is still taken (a file unlinked but still open: in flight in a socket
+    that nothing can reach, it fills the next job's scratch until the kernel collects it)."""
+    try:
+        for name in os.listxattr(folder.path, follow_symlinks=False):
+            os.removexattr(folder.path, name, follow_symlinks=False)
+        os.chmod(folder.path, folder.mode)
+        os.utime(folder.path, ns=folder.times)
+        fs = os.statvfs(folder.path)
+        return (fs.f_bfree, fs.f_ffree) == folder.free and not os.listxattr(folder.path, follow_symlinks=False)
+    except OSError:
+        return False
+
+
+# keyctl's system call, by machine (no library for it in Python's); KEYCTL_CLEAR is 7
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 271, "s390x": 280, "riscv64": 219}
+
+
+def _no_keys(libc) -> bool:
+    """Empty the keyrings that outlive a job (the session's, and the user's two, which live as long
+    as the sandbox's user namespace), then True when no key but a keyring is left in sight."""
+    import ctypes
+    import platform
+
+    number = _SYS_KEYCTL.get(platform.machine())
+    if number is not None:
+        for ring in (-3, -4, -5):  # KEY_SPEC_SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING
+            libc.syscall(number, 7, ctypes.c_long(ring))
+    try:
+        with open("/proc/keys") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True  # no /proc/keys: keys are not compiled in
+    return all(len(ln.split()) > 7 and ln.split()[7] == "keyring" for ln in lines)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (R, S, T for stopped, t for traced, Z...); '' when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc, dispositions: dict) -> None:
+    """A job's own process (forked by the template): its limits and descriptors, then the job,
+    read from ``work/job.json`` (written by the server): nothing else of any job is in its memory."""
+    import resource
+
+    code = 1
+    try:
+        # it dies with its template (which dies with the server): when the grader kills a server,
+        # a pid namespace ends its children with it, but outside one (check's Plain sandbox) the
+        # job would run on, orphaned, until its CPU limit
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != template:  # the template died before the line above
+            os._exit(1)
+        for sig, handler in dispositions.items():  # as Python starts: the template ignores them all
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        os.setsid()
+        log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(devnull, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.dup2(results, 3)
+        os.closerange(4, 4096)
+        os.chdir("/")  # read-only (and never on sys.path: -I)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        # no POSIX message queue (one would outlive the job in the sandbox's IPC namespace,
+        # and cannot be listed without a mount to look for it)
+        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+        sys.stdin = open(os.devnull)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        job = json.loads((work / "job.json").read_text())
+        with open(3, "w", buffering=1) as out:
+            run_job(job, work / "pkg", out)
+        code = 0
+    except BaseException:  # noqa: BLE001
+        code = 1
+    os._exit(code)
+
+
+def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
+    """The process every job is forked from (forked by the server before it reads any job).
+
+    The server's memory holds what jobs sent and wrote (a package's sources,
+    the results it relayed); a child forked from it could read them in its
+    own copy (``/proc/self/mem``).  The template never reads a job: it gets
+    a results pipe and a CPU limit, forks the job's child, which reads its
+    job from a file, and reports the child's pid, then its end; between jobs
+    it warms on shapes the server sends (:mod:`attn_course.warm`).  It
+    ignores every signal it can, and the server looks at it after each job
+    (stopped or gone: a new sandbox).
+    """
+    import socket
+
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: it dies with the server
+    if os.getppid() != server:
+        os._exit(1)
+    me = os.getpid()
+    dispositions = {}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            continue
+        try:
+            dispositions[sig] = signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    dispositions[signal.SIGINT] = signal.default_int_handler
+    warmed: set = set()
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        except OSError:
+            os._exit(0)
+        if not msg:
+            os._exit(0)  # the server is gone
+        order = json.loads(msg)
+        if "warm" in order:
+            warm.warm({(tuple(shape), dtype) for shape, dtype in order["warm"]}, warmed)
+            sock.send(json.dumps({"backend": warm.backend_started()}).encode())
+            continue
+        (results,) = fds
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _child(work, results, devnull, int(order["cpu_s"]), me, libc, dispositions)
+        os.close(results)
+        sock.send(json.dumps({"pid": pid}).encode())
+        while True:  # until it ends (a stop by ptrace, its parent being its tracer, ends it too)
+            _, status = os.waitpid(pid, os.WUNTRACED)
+            if os.WIFSTOPPED(status):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                continue
+            break
+        sock.send(json.dumps({"status": status}).encode())
+
+
 def serve(scratch: str) -> int:
     """A fork server: import once, then one fresh child per job (``--serve``).
 
@@ -812,8 +972,8 @@ def serve(scratch: str) -> int:
     cannot stop or kill either.
     """
     import ctypes
-    import resource
     import select
+    import socket
 
     _setup_jax()
     import warnings
@@ -825,8 +985,7 @@ def serve(scratch: str) -> int:
     all_exercises()
     warm.prime()
     libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_DUMPABLE, PR_SET_PDEATHSIG = 4, 1
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no job can ptrace the server or its template
     server = os.getpid()
     control, control_out = _Control(0), os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -837,10 +996,41 @@ def serve(scratch: str) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # dropped unless handled: Python's SIGINT no more
     shm = "/dev/shm" if in_pid_namespace and os.path.isdir("/dev/shm") else None
     keep = _snapshot(scratch)  # the mount points' parents, if a bind lives under it
-    warmed: set = set()  # shapes whose jax.numpy traces the children inherit (attn_course.warm)
+    folders = [_folder(path) for path in (scratch, shm) if path] if in_pid_namespace else []
+    work = Path(scratch) / "job"
+    # the template every job is forked from, forked before any job is read (see _template)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    template = os.fork()
+    if template == 0:
+        control_out.close()
+        ours.close()
+        os.dup2(devnull, 0)
+        _template(theirs, server, work, devnull, libc)
+        os._exit(0)
+    theirs.close()
 
     def send(msg: dict) -> None:
         control_out.write(json.dumps(msg) + "\n")
+
+    def ask(order: dict, fds: list[int] = (), wait_s: float = 60.0) -> dict | None:
+        """An order to the template and its answer; None if it does not answer (stopped, gone)."""
+        try:
+            socket.send_fds(ours, [json.dumps(order).encode()], list(fds))
+            if not select.select([ours], [], [], wait_s)[0]:
+                return None
+            answer = ours.recv(1 << 16)
+            return json.loads(answer) if answer else None
+        except (OSError, ValueError):
+            return None
+
+    def template_well() -> bool:
+        """The template runs on, neither stopped nor traced (a job can signal it: it is not init)."""
+        try:
+            if os.waitpid(template, os.WNOHANG | os.WUNTRACED)[0]:
+                return False
+        except ChildProcessError:
+            return False
+        return _state(template) in ("S", "R", "D")
 
     send({"ready": True})
     while (line := control.readline()) is not None:
@@ -848,50 +1038,21 @@ def serve(scratch: str) -> int:
             job = json.loads(line)
             if job == STOP:  # a stop that came after its job had ended
                 continue
-            work = Path(scratch) / "job"
             work.mkdir()
             _write_package(job["files"], work / "pkg")
+            (work / "job.json").write_text(json.dumps({k: v for k, v in job.items() if k != "files"}))
             os.chmod(work, 0o755)
         except Exception:  # noqa: BLE001 - the trusted side sent something this server cannot do
             return 2
         r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: one job
-            code = 1
-            try:
-                # the child dies with its server: when the grader kills a server (a time limit), a
-                # pid namespace ends its children with it, but outside one (check's Plain sandbox)
-                # the job would run on, orphaned, until its CPU limit
-                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                if os.getppid() != server:  # the server died before the line above
-                    os._exit(1)
-                libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-                os.setsid()
-                log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                os.dup2(devnull, 0)
-                os.dup2(log, 1)
-                os.dup2(log, 2)
-                os.dup2(w, 3)
-                os.closerange(4, 4096)
-                os.chdir("/")  # read-only (and never on sys.path: -I)
-                cpu = int(job.get("cpu_s", 120))
-                resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-                # no POSIX message queue (one would outlive the job in the sandbox's IPC namespace,
-                # and cannot be listed without a mount to look for it)
-                resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
-                sys.stdin = open(os.devnull)
-                sys.stdout = open(1, "w", buffering=1, closefd=False)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                with open(3, "w", buffering=1) as out:
-                    run_job(job, work / "pkg", out)
-                code = 0
-            except BaseException:  # noqa: BLE001
-                code = 1
-            os._exit(code)
+        started = ask({"cpu_s": int(job.get("cpu_s", 120))}, [w])
         os.close(w)
-        buf, status, eof = b"", None, False
+        if started is None:
+            return 3  # the template is stopped or gone: a new sandbox
+        pid = int(started["pid"])
+        buf, status, eof, lost = b"", None, False, False
         while True:
-            ready, _, _ = select.select([control.fd] if eof else [r, control.fd], [], [], 0.05)
+            ready, _, _ = select.select([control.fd, ours] if eof else [r, control.fd, ours], [], [], 0.05)
             if control.fd in ready:  # first: a job that writes without end must not keep it waiting
                 control.fill()
                 if control.line() is not None or control.eof:  # a stop (or the grader is gone): end the job
@@ -900,7 +1061,6 @@ def serve(scratch: str) -> int:
                             os.killpg(pid, signal.SIGKILL)  # its session; what left it is ended below
                         except (ProcessLookupError, PermissionError):
                             pass
-                        status = os.waitpid(pid, 0)[1]
                     break
             if r in ready:
                 chunk = os.read(r, 1 << 20)
@@ -916,21 +1076,39 @@ def serve(scratch: str) -> int:
                 eof = True  # every writer closed its end: no more to read
             if status is not None:
                 break  # the child is gone; what it wrote before is read (a leftover is killed below)
-            done, st = os.waitpid(pid, os.WNOHANG)  # (after the pipe's end, a pause a turn: select's)
-            if done:
-                status = st
-        clean = _kill_others(in_pid_namespace, pid)
+            if ours in ready:  # the template says the child is gone (or the template is)
+                answer = ours.recv(1 << 16)
+                if not answer:
+                    lost = True
+                    break
+                status = int(json.loads(answer)["status"])
+        deadline = time.monotonic() + 10.0
+        while status is None and not lost:  # stopped: the template reports the end of the child it killed
+            if select.select([ours], [], [], 0.05)[0]:
+                answer = ours.recv(1 << 16)
+                if not answer:
+                    lost = True
+                    break
+                status = int(json.loads(answer)["status"])
+            elif time.monotonic() > deadline or not template_well():
+                lost = True  # a template the job stopped cannot report: a new sandbox
+        clean = _kill_others(in_pid_namespace, pid, template) and not lost
         os.close(r)
         tail = _last_line(work / "output.log")
         clean = _empty(scratch, keep) and (shm is None or _empty(shm)) and clean
-        clean = clean and (not in_pid_namespace or not _sysv_ipc())
-        send({"done": os.waitstatus_to_exitcode(status), "tail": tail, "clean": clean})
+        clean = clean and (not in_pid_namespace or not _sysv_ipc()) and template_well()
+        clean = clean and all([_as_before(f) for f in folders]) and (not in_pid_namespace or _no_keys(libc))
+        try:
+            code = os.waitstatus_to_exitcode(status) if status is not None else -9
+        except ValueError:
+            code = -9
+        send({"done": code, "tail": tail, "clean": clean})
         if not clean:
             return 3  # something of the job would outlive it: a new sandbox for the next one
         if job.get("backend", "jax") == "jax" and job.get("warm") is not False:  # the next child starts warm
-            warm.warm(warm.case_avals(job), warmed)
-            if warm.backend_started():
-                return 3  # XLA's threads would not survive the next fork: a new sandbox
+            warmed = ask({"warm": [[list(shape), dtype] for shape, dtype in warm.case_avals(job)]}, wait_s=600.0)
+            if warmed is None or warmed.get("backend"):
+                return 3  # XLA's threads would not survive the next fork (or no template): a new sandbox
     return 0
 
 

@@ -163,17 +163,18 @@ HOSTILE = {
                                                 "            pass\n"
                                                 "    return False\n"), ["3.5"]),
     # -- the server and the results channel ----------------------------------------------------
-    # The server is its sandbox's init (bubblewrap's --as-pid-1): a job's signal to it is dropped.
-    # The stopper then sleeps past its limit and loses 3.3 (not the job's first exercise, whose
-    # limit also has the backend's start-up grace: 3 s more of waiting); the killer's kill never
-    # arrives, so its right answer counts and its server serves the next archive.
+    # A job's parent is the template it was forked from (not init: it can be signalled; the server,
+    # init of its sandbox, cannot). The stopper stops it, sleeps past its limit and loses 3.3 (not
+    # the job's first exercise, whose limit also has the backend's start-up grace: 3 s more of
+    # waiting); the killer kills it, and dies with it. Each loses its own exercise, and a new
+    # sandbox serves the next archive.
     "e1_stop_server": (_wrap("3.3", "import os, signal, time\n"
                                     "try:\n    os.kill(os.getppid(), signal.SIGSTOP)\nexcept OSError:\n    pass\n"
                                     "time.sleep(60)\nreturn _honest()"), ["3.3"]),
     "e2_kill_server": (_wrap("3.5", "import os, signal\nfor pid in (os.getppid(), 1):\n"
                                     "    try:\n        os.kill(pid, signal.SIGKILL)\n"
                                     "    except OSError:\n        pass\n"
-                                    "return _honest()"), []),
+                                    "return _honest()"), ["3.5"]),
     "e3_forged_lines": (_wrap("3.4", "import os, json\n"
                                      "zero = {'__array__': 'float64', 'shape': [], 'data': [0.0]}\n"
                                      "for ex in ('3.5', '3.1'):\n"
