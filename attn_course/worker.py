@@ -826,9 +826,20 @@ def _as_before(folder: _Folder) -> bool:
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 271, "s390x": 280, "riscv64": 219}
 
 
-def _no_keys(libc) -> bool:
+def _keys() -> set[str] | None:
+    """The keys in sight that are not keyrings (their ids), from ``/proc/keys``; None without it."""
+    try:
+        with open("/proc/keys") as f:
+            rows = [ln.split() for ln in f.read().splitlines()]
+    except OSError:
+        return None  # keys are not compiled in
+    return {row[0] for row in rows if len(row) < 8 or row[7] != "keyring"}
+
+
+def _no_keys(libc, before: set[str] | None) -> bool:
     """Empty the keyrings that outlive a job (the session's, and the user's two, which live as long
-    as the sandbox's user namespace), then True when no key but a keyring is left in sight."""
+    as the sandbox's user namespace), then True when no key is in sight that was not before any
+    job (``before``: the host's own, such as the kernel's built-in ones)."""
     import ctypes
     import platform
 
@@ -836,12 +847,8 @@ def _no_keys(libc) -> bool:
     if number is not None:
         for ring in (-3, -4, -5):  # KEY_SPEC_SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING
             libc.syscall(number, 7, ctypes.c_long(ring))
-    try:
-        with open("/proc/keys") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return True  # no /proc/keys: keys are not compiled in
-    return all(len(ln.split()) > 7 and ln.split()[7] == "keyring" for ln in lines)
+    now = _keys()
+    return now is None or now <= (before or set())
 
 
 def _state(pid: int) -> str:
@@ -955,17 +962,21 @@ def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
 def serve(scratch: str) -> int:
     """A fork server: import once, then one fresh child per job (``--serve``).
 
-    Reads one JSON job per line from stdin, writes the job's package into an
-    empty ``scratch`` folder (the sandbox's private ``/tmp``), forks, and
-    relays each line the child writes to its results pipe as ``{"out":
-    line}``.  A line from the grader while the job runs (``{"stop": true}``:
+    Reads one JSON job per line from stdin, writes the job's package and the
+    job itself into an empty ``scratch`` folder (the sandbox's private
+    ``/tmp``), has its template fork the job's child (:func:`_template`: a
+    child of the server itself would inherit what earlier jobs left in its
+    memory), and relays each line the child writes to its results pipe as
+    ``{"out": line}``.  A line from the grader while the job runs (``{"stop": true}``:
     the job reached a limit) ends the job at once.  When the child is gone
     it ends every other process of the sandbox, empties ``scratch`` and
-    ``/dev/shm`` and answers ``{"done": status, "tail": last output line,
-    "clean": bool}``.  If it cannot leave the sandbox clean it exits, and
-    the grader starts a pristine one.  Then, unless the
-    job says ``"warm": false``, it traces JAX's operations on the job's
-    shapes for the children to come (:mod:`attn_course.warm`).  JAX is
+    ``/dev/shm`` (and puts those folders themselves back), empties the
+    keyrings, and answers ``{"done": status, "tail": last output line,
+    "clean": bool}``.  If it cannot leave the sandbox clean (a System V
+    object, space still taken, a key, a template stopped) it exits, and the
+    grader starts a pristine one.  Then, unless the job says ``"warm":
+    false``, the template traces JAX's operations on the job's shapes for
+    the children to come (:mod:`attn_course.warm`).  JAX is
     imported here but its backend starts only in the children (XLA's
     threads do not survive a fork).  The server is not dumpable: a child cannot ptrace it
     or open its descriptors; in bubblewrap it is its pid namespace's init, which a child
@@ -997,6 +1008,7 @@ def serve(scratch: str) -> int:
     shm = "/dev/shm" if in_pid_namespace and os.path.isdir("/dev/shm") else None
     keep = _snapshot(scratch)  # the mount points' parents, if a bind lives under it
     folders = [_folder(path) for path in (scratch, shm) if path] if in_pid_namespace else []
+    keys = _keys()  # (the host's, in sight before any job)
     work = Path(scratch) / "job"
     # the template every job is forked from, forked before any job is read (see _template)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -1056,11 +1068,12 @@ def serve(scratch: str) -> int:
             if control.fd in ready:  # first: a job that writes without end must not keep it waiting
                 control.fill()
                 if control.line() is not None or control.eof:  # a stop (or the grader is gone): end the job
-                    if status is None:
-                        try:
-                            os.killpg(pid, signal.SIGKILL)  # its session; what left it is ended below
-                        except (ProcessLookupError, PermissionError):
-                            pass
+                    if status is None:  # its session (and itself, if it has not made one yet)
+                        for kill in (os.killpg, os.kill):  # what left them is ended below
+                            try:
+                                kill(pid, signal.SIGKILL)
+                            except (ProcessLookupError, PermissionError):
+                                pass
                     break
             if r in ready:
                 chunk = os.read(r, 1 << 20)
@@ -1097,7 +1110,7 @@ def serve(scratch: str) -> int:
         tail = _last_line(work / "output.log")
         clean = _empty(scratch, keep) and (shm is None or _empty(shm)) and clean
         clean = clean and (not in_pid_namespace or not _sysv_ipc()) and template_well()
-        clean = clean and all([_as_before(f) for f in folders]) and (not in_pid_namespace or _no_keys(libc))
+        clean = clean and all([_as_before(f) for f in folders]) and (not in_pid_namespace or _no_keys(libc, keys))
         try:
             code = os.waitstatus_to_exitcode(status) if status is not None else -9
         except ValueError:
