@@ -7,7 +7,8 @@ them sleep until a time limit of 1 s stops them, with no first-exercise
 grace, so that their verdict does not depend on the load), then a SPY job on
 the same server (a minute for its one exercise) that gets full credit only if
 nothing of the earlier job is left for it to see, and nothing of it reached
-the next job.  Tests that fail on purpose name the hole (see each docstring).
+the next job.  The tests whose docstring says "was a hole" failed before the worker server's
+template process and its checks after each job (commits 27db470 and 8f9fdfa).
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def test_the_pid1_server_shrugs_off_a_jobs_signals_ptrace_and_proc(tmp_path):
         server.close()
 
 
-# 4. HOLE: a job that makes its server its tracer (PTRACE_TRACEME) and stops: the server's
+# 4. (was a hole) a job that makes its server its tracer (PTRACE_TRACEME) and stops: the server's
 #    waitpid reports a stopped child, os.waitstatus_to_exitcode raises ValueError, and the pid-1
 #    server dies (the kill a job could no longer send, by another way)
 TRACEME = """
@@ -218,7 +219,7 @@ def heat_capacity(S, mask=None, T=1.0):
 
 
 def test_a_job_cannot_kill_its_pid1_server_by_making_it_its_tracer(tmp_path):
-    """HOLE (own score only): the server dies of a ValueError; the next job pays a new server."""
+    """Was a hole (own score only): the server dies of a ValueError; the next job pays a new server."""
     server = WorkerServer(Bubblewrap(24, Limits()))
     try:
         server.start()
@@ -256,7 +257,7 @@ def log_partition_function(S, mask=None, T=1.0):
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. HOLE: the next job's child is forked from the server, whose heap still holds what earlier
+# 6. (was a hole) the next job's child is forked from the server, whose heap still holds what earlier
 #    jobs sent and wrote: their sources (another student's code) and their result lines
 SOURCE_SPY = r"""
 import re as _re
@@ -285,7 +286,7 @@ def heat_capacity(S, mask=None, T=1.0):
 
 
 def test_the_next_job_cannot_read_a_stopped_jobs_source_in_its_memory(tmp_path, monkeypatch):
-    """HOLE: student A's archive (stopped at a limit) is read by student B's job on the same server."""
+    """Was a hole: student A's archive (stopped at a limit) is read by student B's job on the same server."""
     mark = f"# PRIVATE-OF-STUDENT-A:{secrets.token_hex(16)}\n"  # in each of A's files
     server = WorkerServer(Bubblewrap(26, Limits()))
     try:
@@ -320,7 +321,7 @@ def zero_temperature_limit(S, mask=None):
 
 
 def test_the_next_job_cannot_copy_an_earlier_students_answers_from_its_memory(tmp_path):
-    """HOLE: an honest archive's results for the hidden cases (the expected values) earn full
+    """Was a hole: an honest archive's results for the hidden cases (the expected values) earn full
     marks for the archive graded after it on the same server, which computes nothing."""
     secret = "redteam-stop-secret"
     server = WorkerServer(Bubblewrap(27, Limits()))
@@ -334,7 +335,7 @@ def test_the_next_job_cannot_copy_an_earlier_students_answers_from_its_memory(tm
 
 
 # ---------------------------------------------------------------------------------------------
-# 7. HOLE: kernel keyrings are per user namespace (the sandbox's, for the server's life): a key
+# 7. (was a hole) kernel keyrings are per user namespace (the sandbox's, for the server's life): a key
 #    added by a job is there for every later job
 KEY_PLANTER = """
 import ctypes as _ct, os as _os, time as _time
@@ -369,7 +370,7 @@ def heat_capacity(S, mask=None, T=1.0):
 
 
 def test_a_stopped_job_leaves_no_key_in_the_kernel_keyrings(tmp_path, monkeypatch):
-    """HOLE: a key added to a keyring outlives the job, for the next (another student's) to read."""
+    """Was a hole: a key added to a keyring outlives the job, for the next (another student's) to read."""
     if platform.machine() not in _KEY_SYSCALLS:
         pytest.skip("keyring syscall numbers known for x86_64 and aarch64 only")
     add_key, keyctl = _KEY_SYSCALLS[platform.machine()]
@@ -378,7 +379,7 @@ def test_a_stopped_job_leaves_no_key_in_the_kernel_keyrings(tmp_path, monkeypatc
     assert not failed, failed
 
 
-# 8. HOLE: the scratch folders themselves (not their entries) keep what a job set on them:
+# 8. (was a hole) the scratch folders themselves (not their entries) keep what a job set on them:
 #    extended attributes, times, and a mode that takes /dev/shm away from the next job
 MARKER = """
 import os as _os, time as _time
@@ -415,13 +416,13 @@ def heat_capacity(S, mask=None, T=1.0):
 
 
 def test_a_stopped_job_leaves_no_mark_on_the_scratch_folders(tmp_path, monkeypatch):
-    """HOLE: xattrs and times on /tmp and /dev/shm outlive the job (storage for the next), and a
+    """Was a hole: xattrs and times on /tmp and /dev/shm outlive the job (storage for the next), and a
     /dev/shm made read-only breaks the next student's code that uses it (multiprocessing's locks)."""
     failed, _ = _stopped_then_spied(tmp_path, monkeypatch, 29, MARKER, MARK_SPY)
     assert not failed, failed
 
 
-# 9. HOLE: a file that fills /tmp, unlinked, its descriptor left in flight in a cycle of unix
+# 9. (was a hole) a file that fills /tmp, unlinked, its descriptor left in flight in a cycle of unix
 #    sockets (SCM_RIGHTS): no process holds it, no name shows it, /tmp looks empty and clean; the
 #    space stays taken until the kernel's unix garbage collector runs (when some unix socket is
 #    released, anywhere), and the next job's package cannot be written: its server exits and
@@ -450,6 +451,6 @@ def log_partition_function(S, mask=None, T=1.0):
 
 
 def test_a_stopped_job_leaves_no_hidden_file_in_flight(tmp_path, monkeypatch):
-    """HOLE: the honest job after it (another student's) loses its exercise."""
+    """Was a hole: the honest job after it (another student's) loses its exercise."""
     failed, _ = _stopped_then_spied(tmp_path, monkeypatch, 30, IN_FLIGHT, "", Limits(scratch_mb=16))
     assert not failed, failed
