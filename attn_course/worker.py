@@ -739,6 +739,8 @@ class _Control:
         return line
 
 
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4  # prctl's options (linux/prctl.h)
+
 STOP = {"stop": True}  # while a job runs: end it now (a limit was reached); ignored between jobs
 
 
@@ -870,12 +872,12 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         # it dies with its template (which dies with the server): when the grader kills a server,
         # a pid namespace ends its children with it, but outside one (check's Plain sandbox) the
         # job would run on, orphaned, until its CPU limit
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != template:  # the template died before the line above
             os._exit(1)
         for sig, handler in dispositions.items():  # as Python starts: the template ignores them all
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         os.setsid()
         log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(devnull, 0)
@@ -914,7 +916,7 @@ def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
     """
     import socket
 
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: it dies with the server
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # it dies with the server
     if os.getppid() != server:
         os._exit(1)
     me = os.getpid()
@@ -996,7 +998,7 @@ def serve(scratch: str) -> int:
     all_exercises()
     warm.prime()
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no job can ptrace the server or its template
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no job can ptrace the server or its template
     server = os.getpid()
     control, control_out = _Control(0), os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -1024,7 +1026,7 @@ def serve(scratch: str) -> int:
     def send(msg: dict) -> None:
         control_out.write(json.dumps(msg) + "\n")
 
-    def ask(order: dict, fds: list[int] = (), wait_s: float = 60.0) -> dict | None:
+    def ask(order: dict, fds: tuple[int, ...] = (), wait_s: float = 60.0) -> dict | None:
         """An order to the template and its answer; None if it does not answer (stopped, gone)."""
         try:
             socket.send_fds(ours, [json.dumps(order).encode()], list(fds))
@@ -1057,7 +1059,7 @@ def serve(scratch: str) -> int:
         except Exception:  # noqa: BLE001 - the trusted side sent something this server cannot do
             return 2
         r, w = os.pipe()
-        started = ask({"cpu_s": int(job.get("cpu_s", 120))}, [w])
+        started = ask({"cpu_s": int(job.get("cpu_s", 120))}, (w,))
         os.close(w)
         if started is None:
             return 3  # the template is stopped or gone: a new sandbox
