@@ -75,9 +75,10 @@ class WorkerServer:
         self._eof = False  # the server's end of the pipe is closed: nothing more will come
         self.starts = 0
         self.closed = False  # after close() no new server starts (Ctrl-C, the end of a batch)
-        # after each job the server traces JAX's operations on its cases' shapes, so that later
-        # children start warm (attn_course.warm); off where too few jobs follow to repay it
-        self.warm = True
+        # after each job the server may trace JAX's operations on its cases' shapes, so that later
+        # children start warm (attn_course.warm).  Off unless its user turns it on: it repays
+        # itself only over many jobs (Grader.worth_warming), and costs about 0.24 CPU-s a shape
+        self.warm = False
         self._lock = threading.Lock()
 
     # -- life ---------------------------------------------------------------------

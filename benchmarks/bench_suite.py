@@ -12,13 +12,14 @@ second.  Timings on a shared machine vary by about 10 s from run to run, and
 by more from hour to hour (236 s and 260 s the same day, on code of the same
 cost).
 
-    python benchmarks/bench_suite.py [--workers 2] [--top 12]
+    python benchmarks/bench_suite.py [--workers 2] [--top 12] [--save pytest.log] [--record]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import subprocess
@@ -33,15 +34,19 @@ from _cpu import CpuMeter  # noqa: E402
 
 TARGET_S = 240.0
 DURATION = re.compile(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+?)::")
+WHERE = re.compile(r"^\[(gw\d+)\] \[\s*\d+%\] \w+ (\S+?)::")  # -v: which worker ran a file's test
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (make test uses 2)")
     ap.add_argument("--top", type=int, default=12, help="how many of the longest test files to list")
+    ap.add_argument("--save", type=Path, help="write pytest's own output (every test's duration) here")
+    ap.add_argument("--record", action="store_true",
+                    help="write each file's time to tests/durations.json (the order the suite hands files out in)")
     a = ap.parse_args()
     cmd = [sys.executable, "-m", "pytest", "-n", str(a.workers), "--dist", "loadfile", "-p", "no:nbval",
-           "-m", "not book", "-q", "--durations=0"]
+           "-m", "not book", "-v", "--durations=0"]
     env = dict(os.environ, ATTN_REQUIRE_MLX="1", ATTN_REQUIRE_BWRAP="1", PYTHONHASHSEED="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as the Makefile: bytecode caches are written
@@ -54,20 +59,34 @@ def main() -> int:
         cpu = meter.seconds()
     finally:
         meter.close()
+    if a.save:
+        a.save.write_text(r.stdout + r.stderr)
     lines = r.stdout.splitlines()
     per_file: collections.Counter = collections.Counter()
+    worker: dict[str, str] = {}
     for line in lines:
         m = DURATION.match(line)
         if m:
             per_file[m.group(2)] += float(m.group(1))
+        m = WHERE.match(line)
+        if m:
+            worker[m.group(2)] = m.group(1)
+    per_worker: collections.Counter = collections.Counter()
+    for f, seconds in per_file.items():
+        per_worker[worker.get(f, "?")] += seconds
     summary = next((ln for ln in reversed(lines) if " passed" in ln or " failed" in ln), "(no summary)")
     print(f"suite without the book, {a.workers} workers: {summary.strip('= ')}")
-    print(f"  wall {wall:.1f} s; tests' durations summed {sum(per_file.values()):.0f} s")
+    print(f"  wall {wall:.1f} s; tests' durations summed {sum(per_file.values()):.0f} s"
+          f" ({', '.join(f'{w} {t:.0f} s' for w, t in sorted(per_worker.items()))})")
     if cpu is not None:
         cores = os.cpu_count() or 1
         print(f"  CPU {cpu:.0f} core-s (measured), {100 * cpu / (wall * cores):.0f}% of {cores} cores")
     for f, s in per_file.most_common(a.top):
         print(f"  {s:6.1f} s  {f}")
+    if a.record and r.returncode == 0:
+        path = ROOT / "tests" / "durations.json"
+        path.write_text(json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n")
+        print(f"recorded {len(per_file)} files' times in {path.relative_to(ROOT)}")
     print(f"target: at most {TARGET_S:g} s -> {'met' if wall <= TARGET_S else 'NOT met'} ({wall:.1f} s)")
     return r.returncode
 

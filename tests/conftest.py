@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 from attn_course.quick_imports import skip_iri_parsers
 
@@ -20,6 +22,8 @@ import jax  # noqa: E402
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+from attn_course import ROOT
 
 jax.config.update("jax_enable_x64", True)
 
@@ -158,24 +162,30 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
-def _rank(module: pytest.Module, items: list, first_book: list) -> int:
+DURATIONS = Path(__file__).with_name("durations.json")  # seconds per test file (benchmarks/bench_suite.py --record)
+_LONG_S = 10.0
+
+
+def _rank(module: pytest.Module, items: list, first_book: list, durations: dict) -> tuple[int, float]:
     """Where a test file goes: the long ones first, so that two workers finish together.
 
-    0: the first file that builds the book (its build is the long one); 1: a file marked
-    slow as a whole (it grades a batch, runs nbgrader or a student's whole path); 2: the
-    other book files (the book is built by then: theirs finds the cache warm); 3: a file
-    with some slow tests; 4: the rest, in their usual order (the many short files fill in
-    at the end).
+    (0,): the first file that builds the book (its build is the long one); (1, -s): a file that
+    took at least 10 s in the last recorded run (``tests/durations.json``), the longest first;
+    (2,): the other book files (the book is built by then: theirs finds the cache warm); (3, -s):
+    the rest, the longest first (the many short files fill in at the end).  A file not recorded
+    yet is guessed from its marks: slow as a whole 10 s, some slow tests 5 s, else 0.5 s.  The
+    order changes no verdict, only how evenly two workers share the files.
     """
-    marks = getattr(module.obj, "pytestmark", [])
-    marks = {m.name for m in (marks if isinstance(marks, list) else [marks])}
     if any(it.get_closest_marker("book") for it in items):
         if not first_book:
             first_book.append(module)
-        return 0 if first_book[0] is module else 2
-    if "slow" in marks:
-        return 1
-    return 3 if any(it.get_closest_marker("slow") for it in items) else 4
+        return (0, 0.0) if first_book[0] is module else (2, 0.0)
+    seconds = durations.get(Path(module.path).relative_to(ROOT).as_posix())
+    if seconds is None:
+        marks = getattr(module.obj, "pytestmark", [])
+        marks = {m.name for m in (marks if isinstance(marks, list) else [marks])}
+        seconds = _LONG_S if "slow" in marks else 5.0 if any(it.get_closest_marker("slow") for it in items) else 0.5
+    return (1 if seconds >= _LONG_S else 3, -float(seconds))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -183,8 +193,12 @@ def pytest_collection_modifyitems(config, items):
     by_module: dict = {}
     for it in items:
         by_module.setdefault(it.getparent(pytest.Module), []).append(it)
+    try:
+        durations = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        durations = {}
     first_book: list = []
-    rank = {m: _rank(m, its, first_book) for m, its in by_module.items()}
+    rank = {m: _rank(m, its, first_book, durations) for m, its in by_module.items()}
     items[:] = [it for m in sorted(by_module, key=lambda m: rank[m]) for it in by_module[m]]
 
 

@@ -9,6 +9,8 @@ the same server (a minute for its one exercise) that gets full credit only if
 nothing of the earlier job is left for it to see, and nothing of it reached
 the next job.  The tests whose docstring says "was a hole" failed before the worker server's
 template process and its checks after each job (commits 27db470 and 8f9fdfa).
+The tests share one server (a new one only where an attack leaves it unclean):
+each attack then also meets a server that earlier attacks have been through.
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ def _needs_bwrap():
         pytest.skip("needs bubblewrap")
 
 
+@pytest.fixture(scope="module")
+def shared():
+    """One server for the file's attacks (started again by the next job where an attack breaks it)."""
+    if not bwrap_works():
+        pytest.skip("needs bubblewrap")
+    server = WorkerServer(Bubblewrap(21, Limits()))
+    server.start()
+    yield server
+    server.close()
+
+
 def _package(tmp_path, extra: str, name: str = "pkg"):
     dest = tmp_path / name
     if dest.exists():
@@ -67,19 +80,16 @@ def _spy(server, files, ex_id: str = "3.4", hidden: bool = False, secret: str = 
     return [c.message for c in graded[ex_id] if not c.passed]
 
 
-def _stopped_then_spied(tmp_path, monkeypatch, slot: int, job: str, spy: str, limits: Limits | None = None,
+def _stopped_then_spied(tmp_path, monkeypatch, server: WorkerServer, job: str, spy: str,
                         stops: tuple[str, ...] = ("timeout",)):
     """``job`` (in 3.1) is stopped at a limit (its time limit, unless ``stops`` says more); ``spy``
-    (3.4) then runs on the same sandbox (or a new one, where the stop did not leave it clean)."""
-    server = WorkerServer(Bubblewrap(slot, limits or Limits()))
-    try:
-        server.start()
-        outcomes = _stop(server, monkeypatch, _package(tmp_path, job))
-        assert len(outcomes) == 1 and outcomes[0].status in stops, outcomes
-        failed = _spy(server, _package(tmp_path, spy, "spy"))
-        return failed, server.starts
-    finally:
-        server.close()
+    (3.4) then runs on the same sandbox (or a new one, where the stop did not leave it clean).
+    Returns the spy's failures and how many servers the two jobs started."""
+    starts = server.starts
+    outcomes = _stop(server, monkeypatch, _package(tmp_path, job))
+    assert len(outcomes) == 1 and outcomes[0].status in stops, outcomes
+    failed = _spy(server, _package(tmp_path, spy, "spy"))
+    return failed, server.starts - starts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,10 +137,10 @@ def heat_capacity(S, mask=None, T=1.0):
 """
 
 
-def test_processes_in_odd_states_do_not_outlive_a_stopped_job(tmp_path, monkeypatch):
-    failed, starts = _stopped_then_spied(tmp_path, monkeypatch, 21, ODD_STATES, PROCESS_SPY)
+def test_processes_in_odd_states_do_not_outlive_a_stopped_job(tmp_path, monkeypatch, shared):
+    failed, starts = _stopped_then_spied(tmp_path, monkeypatch, shared, ODD_STATES, PROCESS_SPY)
     assert not failed, failed
-    assert starts == 1  # all of them ended by the server: it was kept
+    assert starts == 0  # all of them ended by the server: it was kept
 
 
 # 2. a chain of processes that moves on (each starts the next and exits) when the stop comes
@@ -145,10 +155,10 @@ def log_partition_function(S, mask=None, T=1.0):
 """
 
 
-def test_a_chain_of_processes_racing_the_stop_does_not_outlive_it(tmp_path, monkeypatch):
+def test_a_chain_of_processes_racing_the_stop_does_not_outlive_it(tmp_path, monkeypatch, shared):
     """Whether its server ends the chain (kept) or gives up (a new server), the next job sees none of it."""
     # (stopped at its time limit, or at the process limit where JAX's threads and the hops meet it)
-    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, 22, HOPPER, PROCESS_SPY, stops=("timeout", "crashed"))
+    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, shared, HOPPER, PROCESS_SPY, stops=("timeout", "crashed"))
     assert not failed, failed
 
 
@@ -194,16 +204,13 @@ def heat_capacity(S, mask=None, T=1.0):
 """
 
 
-def test_the_pid1_server_shrugs_off_a_jobs_signals_ptrace_and_proc(tmp_path):
-    server = WorkerServer(Bubblewrap(23, Limits()))
-    try:
-        server.start()
-        for _ in range(2):
-            failed = _spy(server, _package(tmp_path, PROBER))
-            assert not failed, failed
-        assert server.starts == 1 and server.proc.poll() is None
-    finally:
-        server.close()
+def test_the_pid1_server_shrugs_off_a_jobs_signals_ptrace_and_proc(tmp_path, shared):
+    shared.ensure()
+    starts = shared.starts
+    for _ in range(2):
+        failed = _spy(shared, _package(tmp_path, PROBER))
+        assert not failed, failed
+    assert shared.starts == starts and shared.proc.poll() is None
 
 
 # 4. (was a hole) a job that makes its server its tracer (PTRACE_TRACEME) and stops: the server's
@@ -218,17 +225,14 @@ def heat_capacity(S, mask=None, T=1.0):
 """
 
 
-def test_a_job_cannot_kill_its_pid1_server_by_making_it_its_tracer(tmp_path):
+def test_a_job_cannot_kill_its_pid1_server_by_making_it_its_tracer(tmp_path, shared):
     """Was a hole (own score only): the server dies of a ValueError; the next job pays a new server."""
-    server = WorkerServer(Bubblewrap(24, Limits()))
-    try:
-        server.start()
-        _spy(server, _package(tmp_path, TRACEME))
-        assert server.proc is not None and server.proc.poll() is None, "the job killed its server"
-        assert not _spy(server, _package(tmp_path, "", "spy"))
-        assert server.starts == 1
-    finally:
-        server.close()
+    shared.ensure()
+    starts = shared.starts
+    _spy(shared, _package(tmp_path, TRACEME))
+    assert shared.proc is not None and shared.proc.poll() is None, "the job killed its server"
+    assert not _spy(shared, _package(tmp_path, "", "spy"))
+    assert shared.starts == starts
 
 
 # 5. a job that makes its log a FIFO: the server blocks reading its last line after the stop;
@@ -243,8 +247,8 @@ def log_partition_function(S, mask=None, T=1.0):
 """
 
 
-def test_a_job_whose_log_is_a_fifo_costs_only_its_own_server(tmp_path, monkeypatch):
-    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, 25, FIFO, PROCESS_SPY)
+def test_a_job_whose_log_is_a_fifo_costs_only_its_own_server(tmp_path, monkeypatch, shared):
+    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, shared, FIFO, PROCESS_SPY)
     assert not failed, failed
 
 
@@ -285,18 +289,13 @@ def heat_capacity(S, mask=None, T=1.0):
 """
 
 
-def test_the_next_job_cannot_read_a_stopped_jobs_source_in_its_memory(tmp_path, monkeypatch):
+def test_the_next_job_cannot_read_a_stopped_jobs_source_in_its_memory(tmp_path, monkeypatch, shared):
     """Was a hole: student A's archive (stopped at a limit) is read by student B's job on the same server."""
     mark = f"# PRIVATE-OF-STUDENT-A:{secrets.token_hex(16)}\n"  # in each of A's files
-    server = WorkerServer(Bubblewrap(26, Limits()))
-    try:
-        server.start()
-        victim = {name: mark + source for name, source in _package(tmp_path, SLEEPER).items()}
-        assert [o.status for o in _stop(server, monkeypatch, victim)] == ["timeout"]
-        failed = _spy(server, _package(tmp_path, SOURCE_SPY, "spy"))
-        assert not failed, failed
-    finally:
-        server.close()
+    victim = {name: mark + source for name, source in _package(tmp_path, SLEEPER).items()}
+    assert [o.status for o in _stop(shared, monkeypatch, victim)] == ["timeout"]
+    failed = _spy(shared, _package(tmp_path, SOURCE_SPY, "spy"))
+    assert not failed, failed
 
 
 # B copies A's result lines for 3.5's hidden cases from its memory: the expected values, if A is right
@@ -320,18 +319,15 @@ def zero_temperature_limit(S, mask=None):
 """
 
 
-def test_the_next_job_cannot_copy_an_earlier_students_answers_from_its_memory(tmp_path):
+def test_the_next_job_cannot_copy_an_earlier_students_answers_from_its_memory(tmp_path, shared):
     """Was a hole: an honest archive's results for the hidden cases (the expected values) earn full
     marks for the archive graded after it on the same server, which computes nothing."""
     secret = "redteam-stop-secret"
-    server = WorkerServer(Bubblewrap(27, Limits()))
-    try:
-        server.start()
-        assert not _spy(server, _package(tmp_path, ""), "3.5", hidden=True, secret=secret)  # student A
-        failed = _spy(server, _package(tmp_path, ANSWER_THIEF, "thief"), "3.5", hidden=True, secret=secret)
-        assert failed, "student B got full marks on hidden cases with student A's results"
-    finally:
-        server.close()
+    assert not _spy(shared, _package(tmp_path, ""), "3.5", hidden=True, secret=secret)  # student A
+    starts = shared.starts
+    failed = _spy(shared, _package(tmp_path, ANSWER_THIEF, "thief"), "3.5", hidden=True, secret=secret)
+    assert failed, "student B got full marks on hidden cases with student A's results"
+    assert shared.starts == starts  # B ran on A's server
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,12 +365,12 @@ def heat_capacity(S, mask=None, T=1.0):
 """
 
 
-def test_a_stopped_job_leaves_no_key_in_the_kernel_keyrings(tmp_path, monkeypatch):
+def test_a_stopped_job_leaves_no_key_in_the_kernel_keyrings(tmp_path, monkeypatch, shared):
     """Was a hole: a key added to a keyring outlives the job, for the next (another student's) to read."""
     if platform.machine() not in _KEY_SYSCALLS:
         pytest.skip("keyring syscall numbers known for x86_64 and aarch64 only")
     add_key, keyctl = _KEY_SYSCALLS[platform.machine()]
-    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, 28, KEY_PLANTER.replace("{ADD_KEY}", str(add_key)),
+    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, shared, KEY_PLANTER.replace("{ADD_KEY}", str(add_key)),
                                     KEY_SPY.replace("{KEYCTL}", str(keyctl)))
     assert not failed, failed
 
@@ -415,10 +411,10 @@ def heat_capacity(S, mask=None, T=1.0):
 """
 
 
-def test_a_stopped_job_leaves_no_mark_on_the_scratch_folders(tmp_path, monkeypatch):
+def test_a_stopped_job_leaves_no_mark_on_the_scratch_folders(tmp_path, monkeypatch, shared):
     """Was a hole: xattrs and times on /tmp and /dev/shm outlive the job (storage for the next), and a
     /dev/shm made read-only breaks the next student's code that uses it (multiprocessing's locks)."""
-    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, 29, MARKER, MARK_SPY)
+    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, shared, MARKER, MARK_SPY)
     assert not failed, failed
 
 
@@ -452,5 +448,10 @@ def log_partition_function(S, mask=None, T=1.0):
 
 def test_a_stopped_job_leaves_no_hidden_file_in_flight(tmp_path, monkeypatch):
     """Was a hole: the honest job after it (another student's) loses its exercise."""
-    failed, _ = _stopped_then_spied(tmp_path, monkeypatch, 30, IN_FLIGHT, "", Limits(scratch_mb=16))
+    server = WorkerServer(Bubblewrap(22, Limits(scratch_mb=16)))  # a small /tmp, filled quickly
+    try:
+        server.start()
+        failed, _ = _stopped_then_spied(tmp_path, monkeypatch, server, IN_FLIGHT, "")
+    finally:
+        server.close()
     assert not failed, failed
