@@ -138,6 +138,8 @@ class Grader:
         self.release = package_files(RELEASE_LIBRARY)  # the stub release, read once: archives overlay it
         self._untouched: tuple[dict, dict, bool] | None = None  # the release's own verdict (see _library)
         self._warm = True  # whether the servers warm up (start_workers)
+        self._begun: dict[int, int] = {}  # archives begun on each slot (warm_after_job)
+        self._shapes: int | None = None  # case_shapes, counted once
 
     # -- expected values, computed once, here ---------------------------------------
     def prepare(self) -> None:
@@ -164,8 +166,11 @@ class Grader:
         from . import values
         from .warm import case_avals
 
-        cases = [c for e in self.exercises for c in self._expected[e.id][2] + self._expected[e.id][0]]
-        return len(case_avals({"exercises": [{"cases": [{"inputs": values.encode(c.inputs)} for c in cases]}]}))
+        if self._shapes is None:
+            cases = [c for e in self.exercises for c in self._expected[e.id][2] + self._expected[e.id][0]]
+            self._shapes = len(case_avals({"exercises": [{"cases": [{"inputs": values.encode(c.inputs)}
+                                                                     for c in cases]}]}))
+        return self._shapes
 
     def worth_warming(self, archives: int, slots: int) -> bool:
         """Whether warming the servers repays itself on ``archives`` graded by ``slots`` servers.
@@ -186,8 +191,20 @@ class Grader:
         repay it (:meth:`worth_warming`).  So a server started again near the end of a batch,
         after a job that killed it, does not spend a warm-up on the last few archives (a server
         already warm has nothing left to warm either way).  The local pool and a Dask task both
-        call this before each archive."""
-        self._server(slot).warm = self._warm and self.worth_warming(left, slots)
+        call this before each archive.
+
+        Nor does a server warm while the slot's servers die young: a server
+        started again after a job that killed it (or left its sandbox
+        unclean) warms only if the slot's servers have so far lasted, on
+        average, as many archives as the class has shapes (a batch where
+        every few archives crash or attack their sandbox would otherwise
+        pay a warm-up for each of them: 7 of the 40 CPU-s of the red team's
+        confinement batch)."""
+        server = self._server(slot)
+        self._begun[slot] = begun = self._begun.get(slot, 0) + 1  # this archive included
+        started = server.starts + (server.proc is None)  # a killed server starts again with this archive
+        lasting = started <= 1 or begun / (started - 1) >= self.case_shapes()
+        server.warm = self._warm and self.worth_warming(left, slots) and lasting
 
     def start_workers(self, count: int | None = None, warm: bool = True) -> None:
         """Start each slot's worker server and warm it on the class's case shapes (after :meth:`prepare`).
@@ -223,12 +240,12 @@ class Grader:
                 pass
 
         self._warm = warm
-        for server in self._servers.values():
-            server.warm = warm
         slots = self.jobs if count is None else max(1, min(count, self.jobs))
         idle = [s for s in map(self._server, range(slots)) if s.proc is None]
         for server in idle:
             server.launch()
+        for server in self._servers.values():
+            server.warm = warm  # (after the launches: a server launched again starts off)
         threads = [threading.Thread(target=start, args=(s,), daemon=True) for s in idle]
         for t in threads:
             t.start()

@@ -77,7 +77,8 @@ class WorkerServer:
         self.closed = False  # after close() no new server starts (Ctrl-C, the end of a batch)
         # after each job the server may trace JAX's operations on its cases' shapes, so that later
         # children start warm (attn_course.warm).  Off unless its user turns it on: it repays
-        # itself only over many jobs (Grader.worth_warming), and costs about 0.24 CPU-s a shape
+        # itself only over many jobs (Grader.worth_warming), and costs about 0.24 CPU-s a shape.
+        # A server started again (its predecessor was killed) is off until its user says so again
         self.warm = False
         self._lock = threading.Lock()
 
@@ -97,6 +98,8 @@ class WorkerServer:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True,
                                      cwd="/")
+        if self.starts:
+            self.warm = False  # a new server after one that was killed: its user decides again
         self.starts += 1
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf, self._eof = b"", False

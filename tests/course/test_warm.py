@@ -205,3 +205,54 @@ def test_servers_warm_only_while_the_archives_left_repay_it(tmp_path):
     assert [r.total for r in results] == [2.0] * 3
     assert sent == [left >= shapes for left in (3, 2, 1)], (sent, shapes)
     assert True in sent and False in sent
+
+
+def test_a_slot_whose_servers_die_young_stops_warming(tmp_path):
+    """A server started again after its predecessor was killed does not warm until the grader says
+    so; the grader says so only while the slot's servers last, on average, as many archives as the
+    class has shapes (a batch that kills its servers every few archives would pay a warm-up each)."""
+    from unittest import mock
+
+    from attn_course.grade import Grader
+    from attn_course.sandbox import Limits, Plain
+    from attn_course.server import WorkerServer
+
+    g = Grader(tmp_path / "grading", "3.5", jobs=1, log=lambda *a: None, ci_secret=True, require_token=False)
+    g._shapes = 4  # as if counted by prepare()
+    server = g._server(0)
+    server.starts, server.proc = 1, mock.Mock()  # the first server, up
+    seen = []
+    for left in (100, 99, 98, 97, 96):  # five archives on it
+        g.warm_after_job(0, left, 1)
+        seen.append(server.warm)
+    server.proc = None  # the fifth killed it: the sixth starts the second server
+    for left in (95, 94, 93, 92):
+        g.warm_after_job(0, left, 1)
+        seen.append(server.warm)
+        server.starts, server.proc = 2, mock.Mock()
+    # archives begun per server killed: 6/1, 7/1, ... against 4 shapes; then a third server
+    assert seen == [True] * 9, seen
+    server.proc = None
+    g.warm_after_job(0, 91, 1)  # 10 begun over 2 kills: 5 a server
+    assert server.warm
+    server.starts, server.proc = 3, None  # killed again at once: 11 over 3
+    g.warm_after_job(0, 90, 1)
+    assert not server.warm
+    g.worth_warming = lambda archives, slots: False  # too few archives left: never, however long they last
+    server.starts, server.proc = 1, mock.Mock()
+    g.warm_after_job(0, 3, 1)
+    assert not server.warm
+
+    # a server launched again starts off, whatever its predecessor did
+    class Sleeper(Plain):
+        def server_command(self):
+            return ["sleep", "30"], {}
+
+    server = WorkerServer(Sleeper(Limits()))
+    server.warm = True
+    server.launch()
+    assert server.warm  # the first launch keeps what its user set
+    server.kill()
+    server.launch()
+    assert not server.warm
+    server.kill()
