@@ -89,6 +89,8 @@ def describe_exit(rc: int | None) -> str:
             name = signal.Signals(-rc).name
         except ValueError:
             name = f"signal {-rc}"
+        if name == "SIGSTOP":  # (the server's word for it: a stop ends no process)
+            return "the worker was ended: it stopped the process it was started from"
         extra = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (killed: a limit on memory or CPU time)",
                  "SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (file size limit)"}.get(name, "")
         return f"the worker died with {name}{extra}"

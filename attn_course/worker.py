@@ -853,6 +853,9 @@ def _no_keys(libc, before: set[str] | None) -> bool:
     return now is None or now <= (before or set())
 
 
+TEMPLATE_LOOK_S = 0.25  # how often the server looks at the template while a job runs
+
+
 def _state(pid: int) -> str:
     """A process's state letter (R, S, T for stopped, t for traced, Z...); '' when it is gone."""
     try:
@@ -1065,6 +1068,8 @@ def serve(scratch: str) -> int:
             return 3  # the template is stopped or gone: a new sandbox
         pid = int(started["pid"])
         buf, status, eof, lost = b"", None, False, False
+        halted = False  # the job stopped its template (its parent): it is ended at once
+        look = time.monotonic() + TEMPLATE_LOOK_S
         while True:
             ready, _, _ = select.select([control.fd, ours] if eof else [r, control.fd, ours], [], [], 0.05)
             if control.fd in ready:  # first: a job that writes without end must not keep it waiting
@@ -1097,6 +1102,16 @@ def serve(scratch: str) -> int:
                     lost = True
                     break
                 status = int(json.loads(answer)["status"])
+            elif time.monotonic() >= look:  # a stopped template cannot report: the job waits for nothing
+                look = time.monotonic() + TEMPLATE_LOOK_S
+                if not template_well():
+                    for kill in (os.killpg, os.kill):
+                        try:
+                            kill(pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                    halted = lost = True
+                    break
         deadline = time.monotonic() + 10.0
         while status is None and not lost:  # stopped: the template reports the end of the child it killed
             if select.select([ours], [], [], 0.05)[0]:
@@ -1117,6 +1132,8 @@ def serve(scratch: str) -> int:
             code = os.waitstatus_to_exitcode(status) if status is not None else -9
         except ValueError:
             code = -9
+        if halted:
+            code = -int(signal.SIGSTOP)  # (no process ends by SIGSTOP: the grader reads it as this)
         send({"done": code, "tail": tail, "clean": clean})
         if not clean:
             return 3  # something of the job would outlive it: a new sandbox for the next one

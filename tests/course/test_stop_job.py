@@ -158,6 +158,14 @@ def heat_capacity(S, mask=None, T=1.0):
 # 3.4 kills its parent (the template it was forked from), then answers
 PARENT_KILLER = SIGNALLER.replace("_os.kill(1, sig)", "_os.kill(_os.getppid(), sig)")
 
+# 3.4 stops its parent (the template), then waits for ever: a stopped template reports nothing
+PARENT_STOPPER = """
+import os as _os, signal as _signal, time as _time
+def heat_capacity(S, mask=None, T=1.0):
+    _os.kill(_os.getppid(), _signal.SIGSTOP)
+    _time.sleep(10 ** 6)
+"""
+
 
 @pytest.mark.slow
 def test_in_bubblewrap_a_job_cannot_stop_or_kill_its_server(tmp_path):
@@ -183,6 +191,12 @@ def test_in_bubblewrap_a_job_cannot_stop_or_kill_its_server(tmp_path):
             assert all(c.passed for c in graded), [c.message for c in graded if not c.passed]
         assert server.starts == 1 and server.proc.poll() is None
         assert not any(c.passed for c in grade(PARENT_KILLER))
+        graded = grade("")
+        assert all(c.passed for c in graded), [c.message for c in graded if not c.passed]
+        # a job that stops its template is ended when the server sees it, not at its time limit
+        graded = grade(PARENT_STOPPER)
+        assert {c.status for c in graded} == {"crashed"}, [c.message for c in graded]
+        assert all("it stopped the process it was started from" in c.message for c in graded), graded[0].message
         graded = grade("")
         assert all(c.passed for c in graded), [c.message for c in graded if not c.passed]
     finally:
