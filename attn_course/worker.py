@@ -31,6 +31,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -785,12 +786,22 @@ def _sysv_ipc() -> bool:
 
 
 def _last_line(path: Path) -> str:
+    """The last line of the job's log, if it is a plain file (the job may have put a FIFO, a
+    device or a link there: opening a FIFO would block the server until someone writes)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-            lines = f.read().decode("utf-8", errors="replace").strip().splitlines()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        os.lseek(fd, max(0, st.st_size - 4096), os.SEEK_SET)
+        lines = os.read(fd, 4096).decode("utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     return lines[-1][:400] if lines else ""
 
 
