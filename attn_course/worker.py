@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import signal
 import stat
 import sys
@@ -864,7 +865,44 @@ def _no_keys(libc, before: set[str] | None) -> bool:
     return now is None or now <= (before or set())
 
 
-TEMPLATE_LOOK_S = 0.25  # how often the server looks at the template while a job runs
+# ioprio_get's system call, by machine (IOPRIO_WHO_PROCESS is 1)
+_SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "ppc64le": 274, "s390x": 283, "riscv64": 31}
+_RLIMITS = tuple(sorted(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")))
+
+
+def _marks(pid: int, libc) -> tuple | None:
+    """What a job can change of another process of its user (the server, its template) and every
+    later job would inherit or suffer: its resource limits (``prlimit``), nice value, scheduling
+    policy and priority, CPU affinity and I/O priority.  None if they cannot be read."""
+    import platform
+
+    try:
+        limits = tuple(resource.prlimit(pid, r) for r in _RLIMITS)
+        sched = (os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid),
+                 os.sched_getparam(pid).sched_priority, tuple(sorted(os.sched_getaffinity(pid))))
+    except (OSError, ValueError):
+        return None
+    number = _SYS_IOPRIO_GET.get(platform.machine())
+    return limits + sched + (libc.syscall(number, 1, pid) if number is not None else None,)
+
+
+def _unix_sockets() -> frozenset[str]:
+    """The inodes of the unix sockets of the sandbox's network namespace (``/proc/net/unix``).
+
+    Between jobs only the server's socket pair with its template is left.
+    Any other is held by nothing but a message in flight (a job passed its
+    descriptors around a cycle of sockets, then died): what it carries --
+    an open file that fills the scratch, a descriptor armed to signal the
+    template (``F_SETOWN``, ``F_SETSIG``) when the next job touches a
+    folder -- would act on the next job."""
+    try:
+        with open("/proc/net/unix") as f:
+            return frozenset(ln.split()[6] for ln in f.read().splitlines()[1:] if len(ln.split()) > 6)
+    except OSError:
+        return frozenset()
+
+
+TEMPLATE_LOOK_S = 0.25  # how often the server looks at the template while a job runs or warms
 
 
 def _state(pid: int) -> str:
@@ -989,8 +1027,9 @@ def serve(scratch: str) -> int:
     ``/dev/shm`` (and puts those folders themselves back), empties the
     keyrings, and answers ``{"done": status, "tail": last output line,
     "clean": bool}``.  If it cannot leave the sandbox clean (a System V
-    object, space still taken, a key, a template stopped) it exits, and the
-    grader starts a pristine one.  Then, unless the job says ``"warm":
+    object, space still taken, a key, a template stopped, a socket left in
+    flight, the limits or scheduling of the server or the template changed)
+    it exits, and the grader starts a pristine one.  Then, unless the job says ``"warm":
     false``, the template traces JAX's operations on the job's shapes for
     the children to come (:mod:`attn_course.warm`).  JAX is
     imported here but its backend starts only in the children (XLA's
@@ -1036,6 +1075,8 @@ def serve(scratch: str) -> int:
         _template(theirs, server, work, devnull, libc)
         os._exit(0)
     theirs.close()
+    marks = {pid: _marks(pid, libc) for pid in (server, template)}  # before any job
+    sockets = _unix_sockets() if in_pid_namespace else frozenset()  # (its own network namespace)
 
     def send(msg: dict) -> None:
         control_out.write(json.dumps(msg) + "\n")
@@ -1044,8 +1085,10 @@ def serve(scratch: str) -> int:
         """An order to the template and its answer; None if it does not answer (stopped, gone)."""
         try:
             socket.send_fds(ours, [json.dumps(order).encode()], list(fds))
-            if not select.select([ours], [], [], wait_s)[0]:
-                return None
+            deadline = time.monotonic() + wait_s
+            while not select.select([ours], [], [], TEMPLATE_LOOK_S)[0]:
+                if time.monotonic() > deadline or not template_well():
+                    return None  # (a template stopped or gone cannot answer)
             answer = ours.recv(1 << 16)
             return json.loads(answer) if answer else None
         except (OSError, ValueError):
@@ -1139,6 +1182,10 @@ def serve(scratch: str) -> int:
         clean = _empty(scratch, keep) and (shm is None or _empty(shm)) and clean
         clean = clean and (not in_pid_namespace or not _sysv_ipc()) and template_well()
         clean = clean and all([_as_before(f) for f in folders]) and (not in_pid_namespace or _no_keys(libc, keys))
+        # nothing of the server's or the template's limits or scheduling changed (a job of the same
+        # user can), and no socket left in flight with what it carries
+        clean = clean and all(_marks(pid, libc) == before for pid, before in marks.items())
+        clean = clean and (not in_pid_namespace or _unix_sockets() == sockets)
         try:
             code = os.waitstatus_to_exitcode(status) if status is not None else -9
         except ValueError:
