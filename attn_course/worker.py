@@ -850,30 +850,49 @@ def _keys() -> set[str] | None:
     return {row[0] for row in rows if len(row) < 8 or row[7] != "keyring"}
 
 
-def _no_keys(libc, before: set[str] | None) -> bool:
-    """Empty the keyrings that outlive a job (the session's, and the user's two, which live as long
-    as the sandbox's user namespace), then True when no key is in sight that was not before any
-    job (``before``: the host's own, such as the kernel's built-in ones)."""
+def _clear_keyrings(libc) -> bool:
+    """Empty the keyrings that outlive a job: the session's, the user's two (they live as long as
+    the sandbox's user namespace) and the user's persistent keyring (days, held by no process).
+    A key there need not be in sight (a job can take away its view permission): emptying unlinks
+    it all the same.  False if one of them could not be emptied (a job changed its permissions)."""
     import ctypes
     import platform
 
     number = _SYS_KEYCTL.get(platform.machine())
-    if number is not None:
-        for ring in (-3, -4, -5):  # KEY_SPEC_SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING
-            libc.syscall(number, 7, ctypes.c_long(ring))
+    if number is None:
+        return True
+    ok = True
+    for ring in (-3, -4, -5):  # KEY_SPEC_SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING
+        ok = libc.syscall(number, 7, ctypes.c_long(ring)) == 0 and ok  # KEYCTL_CLEAR
+    # KEYCTL_GET_PERSISTENT (own uid, linked into this process's keyring); none where not built in
+    persistent = libc.syscall(number, 22, ctypes.c_long(-1), ctypes.c_long(-2))
+    if persistent > 0:
+        ok = libc.syscall(number, 7, ctypes.c_long(persistent)) == 0 and ok
+    return ok
+
+
+def _no_keys(libc, before: set[str] | None) -> bool:
+    """Empty the keyrings that outlive a job (:func:`_clear_keyrings`), then True when that worked
+    and no key is in sight that was not before any job (``before``: the host's own, such as the
+    kernel's built-in ones)."""
+    cleared = _clear_keyrings(libc)
     now = _keys()
-    return now is None or now <= (before or set())
+    return cleared and (now is None or now <= (before or set()))
 
 
-# ioprio_get's system call, by machine (IOPRIO_WHO_PROCESS is 1)
+# ioprio_get's (IOPRIO_WHO_PROCESS is 1) and sched_getattr's system calls, by machine
 _SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "ppc64le": 274, "s390x": 283, "riscv64": 31}
+_SYS_SCHED_GETATTR = {"x86_64": 315, "aarch64": 275, "ppc64le": 356, "s390x": 346, "riscv64": 275}
 _RLIMITS = tuple(sorted(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")))
 
 
 def _marks(pid: int, libc) -> tuple | None:
     """What a job can change of another process of its user (the server, its template) and every
     later job would inherit or suffer: its resource limits (``prlimit``), nice value, scheduling
-    policy and priority, CPU affinity and I/O priority.  None if they cannot be read."""
+    policy and priority, CPU affinity, I/O priority, its whole scheduling attributes (a slice,
+    utilisation clamps: ``sched_getattr``), its OOM score adjustment and its autogroup's nice
+    value (files of ``/proc`` a process of the same user may write).  None if they cannot be read."""
+    import ctypes
     import platform
 
     try:
@@ -882,8 +901,37 @@ def _marks(pid: int, libc) -> tuple | None:
                  os.sched_getparam(pid).sched_priority, tuple(sorted(os.sched_getaffinity(pid))))
     except (OSError, ValueError):
         return None
-    number = _SYS_IOPRIO_GET.get(platform.machine())
-    return limits + sched + (libc.syscall(number, 1, pid) if number is not None else None,)
+    machine = platform.machine()
+    number = _SYS_IOPRIO_GET.get(machine)
+    io = libc.syscall(number, 1, pid) if number is not None else None
+    attr = None
+    number = _SYS_SCHED_GETATTR.get(machine)
+    if number is not None:
+        buf = ctypes.create_string_buffer(128)
+        attr = buf.raw if libc.syscall(number, pid, buf, 128, 0) == 0 else None
+    files = []
+    for name in ("oom_score_adj", "autogroup"):
+        try:
+            with open(f"/proc/{pid}/{name}") as f:
+                text = f.read().strip()
+        except OSError:
+            text = None
+        files.append(text.rsplit("nice", 1)[-1].strip() if name == "autogroup" and text else text)
+    return limits + sched + (io, attr, *files)
+
+
+def _inet_sockets() -> tuple[int, ...]:
+    """How many rows each of the sandbox's ``/proc/net/{tcp,tcp6,udp,udp6,raw,raw6}`` has: none
+    is left by a job that ended cleanly (its own network namespace), but a closed connection
+    stays in TIME_WAIT for a minute, with addresses and ports the next job can read."""
+    rows = []
+    for name in ("tcp", "tcp6", "udp", "udp6", "raw", "raw6"):
+        try:
+            with open(f"/proc/net/{name}") as f:
+                rows.append(len(f.read().strip().splitlines()) - 1)
+        except OSError:
+            rows.append(-1)
+    return tuple(rows)
 
 
 def _unix_sockets() -> frozenset[str]:
@@ -1076,7 +1124,10 @@ def serve(scratch: str) -> int:
         os._exit(0)
     theirs.close()
     marks = {pid: _marks(pid, libc) for pid in (server, template)}  # before any job
-    sockets = _unix_sockets() if in_pid_namespace else frozenset()  # (its own network namespace)
+    # (its own network namespace)
+    sockets = (_unix_sockets(), _inet_sockets()) if in_pid_namespace else (frozenset(), ())
+    if in_pid_namespace:
+        _clear_keyrings(libc)  # (the persistent keyring made now, before any key is counted)
 
     def send(msg: dict) -> None:
         control_out.write(json.dumps(msg) + "\n")
@@ -1185,7 +1236,7 @@ def serve(scratch: str) -> int:
         # nothing of the server's or the template's limits or scheduling changed (a job of the same
         # user can), and no socket left in flight with what it carries
         clean = clean and all(_marks(pid, libc) == before for pid, before in marks.items())
-        clean = clean and (not in_pid_namespace or _unix_sockets() == sockets)
+        clean = clean and (not in_pid_namespace or (_unix_sockets(), _inet_sockets()) == sockets)
         try:
             code = os.waitstatus_to_exitcode(status) if status is not None else -9
         except ValueError:
