@@ -1123,8 +1123,8 @@ def serve(scratch: str) -> int:
         _template(theirs, server, work, devnull, libc)
         os._exit(0)
     theirs.close()
-    marks = {pid: _marks(pid, libc) for pid in (server, template)}  # before any job
-    # (its own network namespace)
+    marks = {p: _marks(p, libc) for p in (server, template)}  # before any job
+    # the sockets of the sandbox's own network namespace (bubblewrap's; not without one)
     sockets = (_unix_sockets(), _inet_sockets()) if in_pid_namespace else (frozenset(), ())
     if in_pid_namespace:
         _clear_keyrings(libc)  # (the persistent keyring made now, before any key is counted)
@@ -1235,7 +1235,7 @@ def serve(scratch: str) -> int:
         clean = clean and all([_as_before(f) for f in folders]) and (not in_pid_namespace or _no_keys(libc, keys))
         # nothing of the server's or the template's limits or scheduling changed (a job of the same
         # user can), and no socket left in flight with what it carries
-        clean = clean and all(_marks(pid, libc) == before for pid, before in marks.items())
+        clean = clean and all(_marks(p, libc) == before for p, before in marks.items())
         clean = clean and (not in_pid_namespace or (_unix_sockets(), _inet_sockets()) == sockets)
         try:
             code = os.waitstatus_to_exitcode(status) if status is not None else -9
