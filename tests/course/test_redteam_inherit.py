@@ -18,21 +18,16 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import shutil
 import struct
 
 import pytest
+from server_jobs import attacked_then_spied, bwrap_server
 
-from attn_course import ROOT
-from attn_course.registry import all_exercises
-from attn_course.runner import package_files, reference_results, run_and_grade
 from attn_course.sandbox import Bubblewrap, Limits, bwrap_works
 from attn_course.server import WorkerServer
 
 pytestmark = pytest.mark.slow
 
-EX = all_exercises()
-SLOW = Limits(per_exercise_s=60)
 X86 = platform.machine() == "x86_64"
 
 
@@ -47,33 +42,7 @@ def server():
     """One server for the file's attacks (started again by the next job where an attack breaks it)."""
     if not bwrap_works():
         pytest.skip("needs bubblewrap")
-    s = WorkerServer(Bubblewrap(50, Limits()))
-    s.start()
-    yield s
-    s.close()
-
-
-def _package(tmp_path, extra: str, name: str = "pkg"):
-    dest = tmp_path / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(ROOT / "attn_tensors", dest / "attn_tensors", ignore=shutil.ignore_patterns("__pycache__"))
-    stat = dest / "attn_tensors" / "statmech.py"
-    stat.write_text(stat.read_text() + "\n" + extra)
-    return package_files(dest)
-
-
-def _spy(server, files, ex_id: str = "3.4") -> list[str]:
-    """Grade ``files``' ``ex_id`` on ``server``: the messages of the cases that failed."""
-    ex = EX[ex_id]
-    cases = ex.make_cases(False, "")
-    graded = run_and_grade(server, files, [(ex, cases, reference_results(ex, cases))], False, set(), SLOW)
-    return [c.message for c in graded[ex_id] if not c.passed]
-
-
-def _attacked_then_spied(tmp_path, server, attack: str, spy: str = "") -> tuple[list[str], list[str]]:
-    own_failed = _spy(server, _package(tmp_path, attack))
-    return own_failed, _spy(server, _package(tmp_path, spy, "spy"))
+    yield from bwrap_server(50)
 
 
 # a spy: heat_capacity raises (the case fails) with what it found, else answers honestly
@@ -123,8 +92,8 @@ for p in ('self', '1'):
 
 def test_a_job_cannot_make_later_jobs_the_oom_killers_first_victim(tmp_path, server):
     """oom_score_adj=1000 written to the template and server: the next child must not inherit it."""
-    spy = _spy_source(OOM_SPY.replace("{BASE}", _own_oom_score_adj()))
-    _, failed = _attacked_then_spied(tmp_path, server, OOM, spy)
+    spy_code = _spy_source(OOM_SPY.replace("{BASE}", _own_oom_score_adj()))
+    _, failed = attacked_then_spied(tmp_path, server, OOM, spy_code)
     assert not failed, failed
 
 
@@ -157,7 +126,7 @@ if runtime(0) != runtime(1):
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="raw syscall numbers")
 def test_a_job_cannot_change_the_scheduler_slice_of_later_jobs(tmp_path, server):
     """sched_setattr(template, SCHED_OTHER, runtime=0.1 ms): the next child must run with its server's slice."""
-    _, failed = _attacked_then_spied(tmp_path, server, SLICE, _spy_source(SLICE_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, SLICE, _spy_source(SLICE_SPY))
     assert not failed, failed
 
 
@@ -169,7 +138,7 @@ def test_the_spies_pass_on_a_clean_server(tmp_path):
         spies = [OOM_SPY.replace("{BASE}", _own_oom_score_adj()), AUTOGROUP_SPY, KEYS_SPY, TCP_SPY]
         if platform.machine() in ("x86_64", "aarch64"):
             spies.append(SLICE_SPY)
-        _, failed = _attacked_then_spied(tmp_path, fresh, "", _spy_source("\n".join(spies)))
+        _, failed = attacked_then_spied(tmp_path, fresh, "", _spy_source("\n".join(spies)))
     finally:
         fresh.close()
     assert not failed, failed
@@ -202,7 +171,7 @@ except OSError:
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroup scheduling")
 def test_a_job_cannot_renice_its_servers_autogroup(tmp_path, server):
     """/proc/<template>/autogroup = 19: the server's session must be as it started for the next job."""
-    _, failed = _attacked_then_spied(tmp_path, server, AUTOGROUP, _spy_source(AUTOGROUP_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, AUTOGROUP, _spy_source(AUTOGROUP_SPY))
     assert not failed, failed
 
 
@@ -245,8 +214,8 @@ if p > 0:
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="raw syscall numbers")
 def test_a_job_cannot_leave_a_named_keyring_in_the_persistent_keyring(tmp_path, server):
     """A keyring whose name is a message, in the persistent keyring: the next job must not read it in /proc/keys."""
-    spy = KEYS_SPY.split("libc = ")[0]
-    _, failed = _attacked_then_spied(tmp_path, server, KEYS, _spy_source(spy))
+    spy_code = KEYS_SPY.split("libc = ")[0]
+    _, failed = attacked_then_spied(tmp_path, server, KEYS, _spy_source(spy_code))
     assert not failed, failed
 
 
@@ -255,11 +224,11 @@ def test_a_job_cannot_leave_a_hidden_key_in_the_persistent_keyring(tmp_path):
     """A key without view permission in the persistent keyring: the next job must not find and read it."""
     attack = KEYS.replace("    _libc.syscall(_ak, b'keyring', b'attn-leak:the-answer-is-42', None, 0, _ct.c_long(_p))\n", "")
     assert "attn-leak" not in attack
-    spy = "libc = " + KEYS_SPY.split("libc = ")[1]
+    spy_code = "libc = " + KEYS_SPY.split("libc = ")[1]
     fresh = WorkerServer(Bubblewrap(52, Limits()))  # (the test above's key must not be the one found)
     fresh.start()
     try:
-        _, failed = _attacked_then_spied(tmp_path, fresh, attack, _spy_source(spy))
+        _, failed = attacked_then_spied(tmp_path, fresh, attack, _spy_source(spy_code))
     finally:
         fresh.close()
     assert not failed, failed
@@ -296,5 +265,5 @@ for name in ('tcp', 'tcp6'):
 
 def test_a_job_leaves_no_tcp_state_for_the_next(tmp_path, server):
     """Loopback connections left in TIME_WAIT: the next job must see no socket of an earlier job."""
-    _, failed = _attacked_then_spied(tmp_path, server, TCP, _spy_source(TCP_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, TCP, _spy_source(TCP_SPY))
     assert not failed, failed

@@ -15,22 +15,20 @@ each attack then also meets a server that earlier attacks have been through.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import platform
 import secrets
 import shutil
 
 import pytest
+from server_jobs import bwrap_server, package, spy, stop
 
-from attn_course import ROOT
-from attn_course.registry import all_exercises
-from attn_course.runner import package_files, reference_results, run_and_grade, run_worker
 from attn_course.sandbox import Bubblewrap, Limits, bwrap_works
 from attn_course.server import WorkerServer
 
 pytestmark = pytest.mark.slow
 
-EX = all_exercises()
-SLOW = Limits(per_exercise_s=60)  # the spy's: an answer takes well under a second
 # the syscalls the keyring attacks use (add_key, keyctl), per architecture
 _KEY_SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
 
@@ -46,49 +44,18 @@ def shared():
     """One server for the file's attacks (started again by the next job where an attack breaks it)."""
     if not bwrap_works():
         pytest.skip("needs bubblewrap")
-    server = WorkerServer(Bubblewrap(21, Limits()))
-    server.start()
-    yield server
-    server.close()
+    yield from bwrap_server(21)
 
 
-def _package(tmp_path, extra: str, name: str = "pkg"):
-    dest = tmp_path / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(ROOT / "attn_tensors", dest / "attn_tensors", ignore=shutil.ignore_patterns("__pycache__"))
-    stat = dest / "attn_tensors" / "statmech.py"
-    stat.write_text(stat.read_text() + "\n" + extra)
-    return package_files(dest)
-
-
-def _stop(server, monkeypatch, files, ex_id: str = "3.1") -> list:
-    """Run ``files``' ``ex_id`` alone, stopped at 1 s (no first-exercise grace): its outcomes."""
-    from attn_course import runner
-
-    with monkeypatch.context() as m:
-        m.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
-        raw = run_worker(server, files, [(EX[ex_id], EX[ex_id].make_cases(False))], Limits(per_exercise_s=1))
-    return raw[ex_id]
-
-
-def _spy(server, files, ex_id: str = "3.4", hidden: bool = False, secret: str = "") -> list[str]:
-    """Grade ``files``' ``ex_id`` on ``server``: the messages of the cases that failed."""
-    ex = EX[ex_id]
-    cases = ex.make_cases(hidden, secret)
-    graded = run_and_grade(server, files, [(ex, cases, reference_results(ex, cases))], hidden, set(), SLOW)
-    return [c.message for c in graded[ex_id] if not c.passed]
-
-
-def _stopped_then_spied(tmp_path, monkeypatch, server: WorkerServer, job: str, spy: str,
+def _stopped_then_spied(tmp_path, monkeypatch, server: WorkerServer, job: str, spy_code: str,
                         stops: tuple[str, ...] = ("timeout",)):
-    """``job`` (in 3.1) is stopped at a limit (its time limit, unless ``stops`` says more); ``spy``
+    """``job`` (in 3.1) is stopped at a limit (its time limit, unless ``stops`` says more); ``spy_code``
     (3.4) then runs on the same sandbox (or a new one, where the stop did not leave it clean).
     Returns the spy's failures and how many servers the two jobs started."""
     starts = server.starts
-    outcomes = _stop(server, monkeypatch, _package(tmp_path, job))
+    outcomes = stop(server, monkeypatch, package(tmp_path, job))
     assert len(outcomes) == 1 and outcomes[0].status in stops, outcomes
-    failed = _spy(server, _package(tmp_path, spy, "spy"))
+    failed = spy(server, package(tmp_path, spy_code, "spy"))
     return failed, server.starts - starts
 
 
@@ -208,7 +175,7 @@ def test_the_pid1_server_shrugs_off_a_jobs_signals_ptrace_and_proc(tmp_path, sha
     shared.ensure()
     starts = shared.starts
     for _ in range(2):
-        failed = _spy(shared, _package(tmp_path, PROBER))
+        failed = spy(shared, package(tmp_path, PROBER))
         assert not failed, failed
     assert shared.starts == starts and shared.proc.poll() is None
 
@@ -229,9 +196,9 @@ def test_a_job_cannot_kill_its_pid1_server_by_making_it_its_tracer(tmp_path, sha
     """Was a hole (own score only): the server dies of a ValueError; the next job pays a new server."""
     shared.ensure()
     starts = shared.starts
-    _spy(shared, _package(tmp_path, TRACEME))
+    spy(shared, package(tmp_path, TRACEME))
     assert shared.proc is not None and shared.proc.poll() is None, "the job killed its server"
-    assert not _spy(shared, _package(tmp_path, "", "spy"))
+    assert not spy(shared, package(tmp_path, "", "spy"))
     assert shared.starts == starts
 
 
@@ -293,9 +260,9 @@ def heat_capacity(S, mask=None, T=1.0):
 def test_the_next_job_cannot_read_a_stopped_jobs_source_in_its_memory(tmp_path, monkeypatch, shared):
     """Was a hole: student A's archive (stopped at a limit) is read by student B's job on the same server."""
     mark = f"# PRIVATE-OF-STUDENT-A:{secrets.token_hex(16)}\n"  # in each of A's files
-    victim = {name: mark + source for name, source in _package(tmp_path, SLEEPER).items()}
-    assert [o.status for o in _stop(shared, monkeypatch, victim)] == ["timeout"]
-    failed = _spy(shared, _package(tmp_path, SOURCE_SPY, "spy"))
+    victim = {name: mark + source for name, source in package(tmp_path, SLEEPER).items()}
+    assert [o.status for o in stop(shared, monkeypatch, victim)] == ["timeout"]
+    failed = spy(shared, package(tmp_path, SOURCE_SPY, "spy"))
     assert not failed, failed
 
 
@@ -324,9 +291,9 @@ def test_the_next_job_cannot_copy_an_earlier_students_answers_from_its_memory(tm
     """Was a hole: an honest archive's results for the hidden cases (the expected values) earn full
     marks for the archive graded after it on the same server, which computes nothing."""
     secret = "redteam-stop-secret"
-    assert not _spy(shared, _package(tmp_path, ""), "3.5", hidden=True, secret=secret)  # student A
+    assert not spy(shared, package(tmp_path, ""), "3.5", hidden=True, secret=secret)  # student A
     starts = shared.starts
-    failed = _spy(shared, _package(tmp_path, ANSWER_THIEF, "thief"), "3.5", hidden=True, secret=secret)
+    failed = spy(shared, package(tmp_path, ANSWER_THIEF, "thief"), "3.5", hidden=True, secret=secret)
     assert failed, "student B got full marks on hidden cases with student A's results"
     assert shared.starts == starts  # B ran on A's server
 

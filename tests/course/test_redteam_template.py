@@ -16,22 +16,17 @@ socket besides its own pair: either makes the sandbox unclean, and a new one ser
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
-import shutil
 
 import pytest
+from server_jobs import attacked_then_spied, bwrap_server, package, spy
 
-from attn_course import ROOT
-from attn_course.registry import all_exercises
-from attn_course.runner import package_files, reference_results, run_and_grade, run_worker
-from attn_course.sandbox import Bubblewrap, Limits, bwrap_works
-from attn_course.server import WorkerServer
+from attn_course.sandbox import bwrap_works
 
 pytestmark = pytest.mark.slow
 
-EX = all_exercises()
-SLOW = Limits(per_exercise_s=60)  # the spy's: an answer takes well under a second
 X86 = platform.machine() == "x86_64"
 
 
@@ -46,45 +41,7 @@ def shared():
     """One server for the file's attacks (started again by the next job where an attack breaks it)."""
     if not bwrap_works():
         pytest.skip("needs bubblewrap")
-    server = WorkerServer(Bubblewrap(40, Limits()))
-    server.start()
-    yield server
-    server.close()
-
-
-def _package(tmp_path, extra: str, name: str = "pkg"):
-    dest = tmp_path / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(ROOT / "attn_tensors", dest / "attn_tensors", ignore=shutil.ignore_patterns("__pycache__"))
-    stat = dest / "attn_tensors" / "statmech.py"
-    stat.write_text(stat.read_text() + "\n" + extra)
-    return package_files(dest)
-
-
-def _stop(server, monkeypatch, files, ex_id: str = "3.1") -> list:
-    """Run ``files``' ``ex_id`` alone, stopped at 1 s (no first-exercise grace): its outcomes."""
-    from attn_course import runner
-
-    with monkeypatch.context() as m:
-        m.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
-        raw = run_worker(server, files, [(EX[ex_id], EX[ex_id].make_cases(False))], Limits(per_exercise_s=1))
-    return raw[ex_id]
-
-
-def _spy(server, files, ex_id: str = "3.4", hidden: bool = False, secret: str = "") -> list[str]:
-    """Grade ``files``' ``ex_id`` on ``server``: the messages of the cases that failed."""
-    ex = EX[ex_id]
-    cases = ex.make_cases(hidden, secret)
-    graded = run_and_grade(server, files, [(ex, cases, reference_results(ex, cases))], hidden, set(), SLOW)
-    return [c.message for c in graded[ex_id] if not c.passed]
-
-
-def _attacked_then_spied(tmp_path, server: WorkerServer, attack: str, spy: str = "") -> tuple[list[str], list[str]]:
-    """``attack`` (module-level code in the package, 3.4 graded) then ``spy`` (3.4) on the same server:
-    (the attacker's failures, the spy's failures)."""
-    own_failed = _spy(server, _package(tmp_path, attack))
-    return own_failed, _spy(server, _package(tmp_path, spy, "spy"))
+    yield from bwrap_server(40)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +60,7 @@ _r.prlimit(_os.getppid(), _r.{RES}, {VALUE})   # the job's parent: the template
 ])
 def test_a_job_cannot_lower_its_templates_resource_limits(tmp_path, shared, res, value):
     """prlimit() on the template: the next (honest) job must still get full credit."""
-    _, failed = _attacked_then_spied(tmp_path, shared, TEMPLATE_LIMIT.replace("{RES}", res).replace("{VALUE}", value))
+    _, failed = attacked_then_spied(tmp_path, shared, TEMPLATE_LIMIT.replace("{RES}", res).replace("{VALUE}", value))
     assert not failed, failed
 
 
@@ -120,7 +77,7 @@ _r.prlimit(1, _r.{RES}, {VALUE})   # the sandbox's pid 1: the server
 ])
 def test_a_job_cannot_lower_its_servers_resource_limits(tmp_path, shared, res, value):
     """prlimit() on pid 1 (the server): the next (honest) job must still get full credit."""
-    _, failed = _attacked_then_spied(tmp_path, shared, SERVER_LIMIT.replace("{RES}", res).replace("{VALUE}", value))
+    _, failed = attacked_then_spied(tmp_path, shared, SERVER_LIMIT.replace("{RES}", res).replace("{VALUE}", value))
     assert not failed, failed
 
 
@@ -161,15 +118,15 @@ def heat_capacity(S, mask=None, T=1.0):
 
 def test_a_job_cannot_change_the_scheduling_of_later_jobs(tmp_path, shared):
     """nice/policy/affinity of the template: the next child must run as its server started."""
-    spy = SCHED_SPY.replace("{NICE}", str(os.getpriority(os.PRIO_PROCESS, 0)))
-    _, failed = _attacked_then_spied(tmp_path, shared, SCHEDULER, spy)
+    spy_code = SCHED_SPY.replace("{NICE}", str(os.getpriority(os.PRIO_PROCESS, 0)))
+    _, failed = attacked_then_spied(tmp_path, shared, SCHEDULER, spy_code)
     assert not failed, failed
 
 
 def test_the_sched_spy_passes_on_a_clean_server(tmp_path, shared):
     """Control: the spy of test 3 gets full credit after an honest job (it is not itself the failure)."""
-    spy = SCHED_SPY.replace("{NICE}", str(os.getpriority(os.PRIO_PROCESS, 0)))
-    _, failed = _attacked_then_spied(tmp_path, shared, "", spy)
+    spy_code = SCHED_SPY.replace("{NICE}", str(os.getpriority(os.PRIO_PROCESS, 0)))
+    _, failed = attacked_then_spied(tmp_path, shared, "", spy_code)
     assert not failed, failed
 
 
@@ -199,7 +156,7 @@ _b.close()
 
 def test_a_job_cannot_leave_a_signal_that_kills_the_template_at_the_next_job(tmp_path, shared):
     """A SIGIO-style SIGKILL armed for the next job's mkdir: the next job must still get full credit."""
-    _, failed = _attacked_then_spied(tmp_path, shared, DELAYED_KILL.replace("{SIG}", "SIGKILL"))
+    _, failed = attacked_then_spied(tmp_path, shared, DELAYED_KILL.replace("{SIG}", "SIGKILL"))
     assert not failed, failed
 
 
@@ -217,7 +174,7 @@ for _ in range(200):   # stopped and continued again and again, each stop far sh
 
 def test_a_template_stopped_and_continued_quickly_leaves_the_next_job_whole(tmp_path, shared):
     """SIGSTOP/SIGCONT flicker on the template (below the 0.25 s look): the next job gets full credit."""
-    _, failed = _attacked_then_spied(tmp_path, shared, FLICKER)
+    _, failed = attacked_then_spied(tmp_path, shared, FLICKER)
     assert not failed, failed
 
 
@@ -236,7 +193,7 @@ _os.kill(_t, _signal.SIGSTOP)
 
 def test_a_template_kept_stopped_by_a_helper_does_not_reach_the_next_job(tmp_path, shared):
     """A helper keeps the template stopped between looks; the next job is another server's or whole."""
-    _, failed = _attacked_then_spied(tmp_path, shared, STOP_AND_LEAVE)
+    _, failed = attacked_then_spied(tmp_path, shared, STOP_AND_LEAVE)
     assert not failed, failed
 
 
@@ -248,7 +205,7 @@ _os.kill(-1, _signal.SIGSTOP)   # every process it may signal (not pid 1): the t
 
 def test_kill_minus_one_sigstop_costs_only_the_attacker(tmp_path, shared):
     """kill(-1, SIGSTOP) stops the template: a new server, the next job whole."""
-    _, failed = _attacked_then_spied(tmp_path, shared, STOP_ALL)
+    _, failed = attacked_then_spied(tmp_path, shared, STOP_ALL)
     assert not failed, failed
 
 
@@ -268,7 +225,7 @@ if _os.fork() == 0:          # outlives the child by a moment: kills the templat
 
 def test_a_helper_racing_the_cleanup_to_stop_the_template_costs_only_the_attacker(tmp_path, shared):
     """A helper stops the template in a loop while the server ends the job and cleans up."""
-    _, failed = _attacked_then_spied(tmp_path, shared, KILL_TEMPLATE_LATE)
+    _, failed = attacked_then_spied(tmp_path, shared, KILL_TEMPLATE_LATE)
     assert not failed, failed
 
 
@@ -288,7 +245,7 @@ if _pid == 0:
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="raw clone numbers")
 def test_a_clone_parent_sibling_of_the_job_does_not_reach_the_next_job(tmp_path, shared):
     """CLONE_PARENT: a second child of the template, killed but never reaped by it."""
-    _, failed = _attacked_then_spied(tmp_path, shared, CLONE_PARENT)
+    _, failed = attacked_then_spied(tmp_path, shared, CLONE_PARENT)
     assert not failed, failed
 
 
@@ -352,7 +309,7 @@ def heat_capacity(S, mask=None, T=1.0):
 def test_a_job_cannot_reach_its_templates_memory_descriptors_or_ptrace(tmp_path, shared):
     """ptrace, /proc/<template>/{mem,environ,fd,fdinfo}, pidfd_getfd, connect: none reaches the template."""
     shared.ensure()
-    assert not _spy(shared, _package(tmp_path, TEMPLATE_PROBER))
+    assert not spy(shared, package(tmp_path, TEMPLATE_PROBER))
 
 
 # the same, fired INSIDE the next student's job: IN_OPEN on /dev/null, which only a job's child
@@ -365,5 +322,5 @@ DELAYED_STOP = DELAYED_KILL.replace("b'/tmp', 0x100)          # IN_CREATE", "b'/
 def test_a_job_cannot_have_the_next_job_blamed_for_stopping_the_template(tmp_path, shared):
     """A SIGSTOP armed for the next child's open of /dev/null: the next job must not be blamed (-19)."""
     assert "0x20" in DELAYED_STOP
-    _, failed = _attacked_then_spied(tmp_path, shared, DELAYED_STOP.replace("{SIG}", "SIGSTOP"))
+    _, failed = attacked_then_spied(tmp_path, shared, DELAYED_STOP.replace("{SIG}", "SIGSTOP"))
     assert not failed, failed

@@ -1,0 +1,67 @@
+"""Helpers the red-team files on the worker server share (not a test file).
+
+An attack is code added to a copy of the reference library's ``statmech.py``;
+it runs in a real server's job, then a spy or honest job runs on the same
+server and must get full credit.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Iterator
+
+from attn_course import ROOT
+from attn_course.registry import all_exercises
+from attn_course.runner import package_files, reference_results, run_and_grade, run_worker
+from attn_course.sandbox import Bubblewrap, Limits
+from attn_course.server import WorkerServer
+
+EX = all_exercises()
+SLOW = Limits(per_exercise_s=60)  # the spy's: an answer takes well under a second
+
+
+def bwrap_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
+    """A started server in bubblewrap, closed after (the body of a fixture); a new one starts by
+    itself with the next job wherever an attack leaves it unclean."""
+    server = WorkerServer(Bubblewrap(slot, limits or Limits()))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def package(tmp_path, extra: str, name: str = "pkg") -> dict[str, str]:
+    """The reference library with ``extra`` appended to its ``statmech.py``, as a job's files."""
+    dest = tmp_path / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(ROOT / "attn_tensors", dest / "attn_tensors", ignore=shutil.ignore_patterns("__pycache__"))
+    stat = dest / "attn_tensors" / "statmech.py"
+    stat.write_text(stat.read_text() + "\n" + extra)
+    return package_files(dest)
+
+
+def stop(server: WorkerServer, monkeypatch, files, ex_id: str = "3.1") -> list:
+    """Run ``files``' ``ex_id`` alone, stopped at 1 s (no first-exercise grace): its outcomes."""
+    from attn_course import runner
+
+    with monkeypatch.context() as m:
+        m.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
+        raw = run_worker(server, files, [(EX[ex_id], EX[ex_id].make_cases(False))], Limits(per_exercise_s=1))
+    return raw[ex_id]
+
+
+def spy(server: WorkerServer, files, ex_id: str = "3.4", hidden: bool = False, secret: str = "") -> list[str]:
+    """Grade ``files``' ``ex_id`` on ``server``: the messages of the cases that failed."""
+    ex = EX[ex_id]
+    cases = ex.make_cases(hidden, secret)
+    graded = run_and_grade(server, files, [(ex, cases, reference_results(ex, cases))], hidden, set(), SLOW)
+    return [c.message for c in graded[ex_id] if not c.passed]
+
+
+def attacked_then_spied(tmp_path, server: WorkerServer, attack: str, spy_code: str = "") -> tuple[list[str], list[str]]:
+    """``attack`` (module-level code in the package, 3.4 graded) then ``spy_code`` (3.4) on the same
+    server: (the attacker's failures, the spy's failures)."""
+    own_failed = spy(server, package(tmp_path, attack))
+    return own_failed, spy(server, package(tmp_path, spy_code, "spy"))
