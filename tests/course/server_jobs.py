@@ -7,6 +7,7 @@ server and must get full credit.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from typing import Iterator
 
@@ -52,16 +53,24 @@ def stop(server: WorkerServer, monkeypatch, files, ex_id: str = "3.1") -> list:
     return raw[ex_id]
 
 
-def spy(server: WorkerServer, files, ex_id: str = "3.4", hidden: bool = False, secret: str = "") -> list[str]:
-    """Grade ``files``' ``ex_id`` on ``server``: the messages of the cases that failed."""
+@functools.cache
+def _expected(ex_id: str, hidden: bool, secret: str) -> tuple:
+    """An exercise's cases and the reference's results on them (computed once a process)."""
     ex = EX[ex_id]
     cases = ex.make_cases(hidden, secret)
-    graded = run_and_grade(server, files, [(ex, cases, reference_results(ex, cases))], hidden, set(), SLOW)
+    return ex, cases, reference_results(ex, cases)
+
+
+def spy(server: WorkerServer, files, ex_id: str = "3.2", hidden: bool = False, secret: str = "") -> list[str]:
+    """Grade ``files``' ``ex_id`` on ``server`` (3.2, ``entropy``: among the cheapest to trace):
+    the messages of the cases that failed."""
+    graded = run_and_grade(server, files, [_expected(ex_id, hidden, secret)], hidden, set(), SLOW)
     return [c.message for c in graded[ex_id] if not c.passed]
 
 
-def attacked_then_spied(tmp_path, server: WorkerServer, attack: str, spy_code: str = "") -> tuple[list[str], list[str]]:
-    """``attack`` (module-level code in the package, 3.4 graded) then ``spy_code`` (3.4) on the same
-    server: (the attacker's failures, the spy's failures)."""
-    own_failed = spy(server, package(tmp_path, attack))
-    return own_failed, spy(server, package(tmp_path, spy_code, "spy"))
+def attacked_then_spied(tmp_path, server: WorkerServer, attack: str, spy_code: str = "",
+                        ex_id: str = "3.2") -> tuple[list[str], list[str]]:
+    """``attack`` (module-level code in the package, ``ex_id`` graded) then ``spy_code`` (``ex_id``)
+    on the same server: (the attacker's failures, the spy's failures)."""
+    own_failed = spy(server, package(tmp_path, attack), ex_id)
+    return own_failed, spy(server, package(tmp_path, spy_code, "spy"), ex_id)

@@ -45,20 +45,20 @@ def server():
     yield from bwrap_server(50)
 
 
-# a spy: heat_capacity raises (the case fails) with what it found, else answers honestly
+# a spy: entropy raises (the case fails) with what it found, else answers honestly
 def _spy_source(body: str) -> str:
     return (
         "import ctypes as _ct, os as _os, struct as _struct\n"
-        "_honest_heat_capacity = heat_capacity\n"
+        "_honest_entropy = entropy\n"
         "def _found():\n"
         "    found = []\n"
         + "".join("    " + line + "\n" for line in body.strip("\n").splitlines())
         + "    return found\n"
-        "def heat_capacity(S, mask=None, T=1.0):\n"
+        "def entropy(A, mask=None):\n"
         "    found = _found()\n"
         "    if found:\n"
         "        raise RuntimeError(f'left by an earlier job: {found}')\n"
-        "    return _honest_heat_capacity(S, mask, T)\n"
+        "    return _honest_entropy(A, mask)\n"
     )
 
 

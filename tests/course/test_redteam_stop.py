@@ -50,7 +50,7 @@ def shared():
 def _stopped_then_spied(tmp_path, monkeypatch, server: WorkerServer, job: str, spy_code: str,
                         stops: tuple[str, ...] = ("timeout",)):
     """``job`` (in 3.1) is stopped at a limit (its time limit, unless ``stops`` says more); ``spy_code``
-    (3.4) then runs on the same sandbox (or a new one, where the stop did not leave it clean).
+    (3.2) then runs on the same sandbox (or a new one, where the stop did not leave it clean).
     Returns the spy's failures and how many servers the two jobs started."""
     starts = server.starts
     outcomes = stop(server, monkeypatch, package(tmp_path, job))
@@ -90,17 +90,17 @@ def log_partition_function(S, mask=None, T=1.0):
         _time.sleep(1)
 """
 
-# 3.4 is right only where no process but the server and itself is left
+# 3.2 is right only where no process but the server and itself is left
 PROCESS_SPY = """
 import os as _os
-_honest_heat_capacity = heat_capacity
-def heat_capacity(S, mask=None, T=1.0):
+_honest_entropy = entropy
+def entropy(A, mask=None):
     me = {1, _os.getpid(), _os.getppid()}
     left = [p for p in _os.listdir('/proc') if p.isdigit() and int(p) not in me]
     left += [p for p in ('/tmp/hop.sh',) if _os.path.lexists(p)]
     if left:
         raise RuntimeError(f'left by an earlier job: {left}')
-    return _honest_heat_capacity(S, mask, T)
+    return _honest_entropy(A, mask)
 """
 
 
@@ -134,7 +134,7 @@ def test_a_chain_of_processes_racing_the_stop_does_not_outlive_it(tmp_path, monk
 #    one it has, ptrace, its memory, its descriptors (its stdin: forge a job), pidfd_getfd
 PROBER = """
 import ctypes as _ct, os as _os, signal as _signal
-_honest_heat_capacity = heat_capacity
+_honest_entropy = entropy
 def _intrusions():
     got = []
     for sig in (_signal.SIGCHLD, _signal.SIGURG, _signal.SIGWINCH, _signal.SIGCONT, _signal.SIGPIPE,
@@ -163,11 +163,11 @@ def _intrusions():
                 if libc.syscall(438, pidfd, fd, 0) >= 0:  # pidfd_getfd: a copy of the server's fd
                     got.append(f'pidfd_getfd {fd}')
     return got
-def heat_capacity(S, mask=None, T=1.0):
+def entropy(A, mask=None):
     got = _intrusions()
     if got:
         raise RuntimeError(f'reached the server: {got}')
-    return _honest_heat_capacity(S, mask, T)
+    return _honest_entropy(A, mask)
 """
 
 
@@ -185,10 +185,10 @@ def test_the_pid1_server_shrugs_off_a_jobs_signals_ptrace_and_proc(tmp_path, sha
 #    server dies (the kill a job could no longer send, by another way)
 TRACEME = """
 import ctypes as _ct, os as _os, signal as _signal
-def heat_capacity(S, mask=None, T=1.0):
+def entropy(A, mask=None):
     _ct.CDLL(None, use_errno=True).ptrace(0, 0, 0, 0)   # PTRACE_TRACEME: the server traces this job
     _os.kill(_os.getpid(), _signal.SIGSTOP)             # a stop the server's waitpid reports
-    return S.sum(axis=-1) * 0
+    return A.sum(axis=-1) * 0
 """
 
 
@@ -233,7 +233,7 @@ def log_partition_function(S, mask=None, T=1.0):
 #    jobs sent and wrote: their sources (another student's code) and their result lines
 SOURCE_SPY = r"""
 import re as _re
-_honest_heat_capacity = heat_capacity
+_honest_entropy = entropy
 def _memory(pattern):
     pat, hits = _re.compile(pattern), []
     with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
@@ -249,11 +249,11 @@ def _memory(pattern):
                 continue
             hits += [m.group(0) for m in pat.finditer(data)]
     return hits
-def heat_capacity(S, mask=None, T=1.0):
+def entropy(A, mask=None):
     found = _memory(rb'PRIVATE-OF-STUDENT-A:[0-9a-f]{32}')
     if found:
         raise RuntimeError(f"another student's source: {found[0]!r}")
-    return _honest_heat_capacity(S, mask, T)
+    return _honest_entropy(A, mask)
 """
 
 
@@ -267,7 +267,7 @@ def test_the_next_job_cannot_read_a_stopped_jobs_source_in_its_memory(tmp_path, 
 
 
 # B copies A's result lines for 3.5's hidden cases from its memory: the expected values, if A is right
-ANSWER_THIEF = SOURCE_SPY.split("def heat_capacity")[0] + r"""
+ANSWER_THIEF = SOURCE_SPY.split("def entropy")[0] + r"""
 import json as _json
 import numpy as _np
 from attn_course import values as _values
@@ -315,8 +315,8 @@ def log_partition_function(S, mask=None, T=1.0):
 
 KEY_SPY = """
 import ctypes as _ct
-_honest_heat_capacity = heat_capacity
-def heat_capacity(S, mask=None, T=1.0):
+_honest_entropy = entropy
+def entropy(A, mask=None):
     libc = _ct.CDLL(None, use_errno=True)
     libc.syscall.restype = _ct.c_long
     found = []
@@ -329,7 +329,7 @@ def heat_capacity(S, mask=None, T=1.0):
                 found.append((ring, n, buf.raw[:max(size, 0)]))
     if found:
         raise RuntimeError(f'keys left by an earlier job: {found}')
-    return _honest_heat_capacity(S, mask, T)
+    return _honest_entropy(A, mask)
 """
 
 
@@ -361,8 +361,8 @@ def log_partition_function(S, mask=None, T=1.0):
 
 MARK_SPY = """
 import os as _os
-_honest_heat_capacity = heat_capacity
-def heat_capacity(S, mask=None, T=1.0):
+_honest_entropy = entropy
+def entropy(A, mask=None):
     found = []
     for d in ('/tmp', '/dev/shm'):
         try:
@@ -375,7 +375,7 @@ def heat_capacity(S, mask=None, T=1.0):
         found.append('/dev/shm not writable')
     if found:
         raise RuntimeError(f'left by an earlier job: {found}')
-    return _honest_heat_capacity(S, mask, T)
+    return _honest_entropy(A, mask)
 """
 
 

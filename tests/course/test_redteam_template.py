@@ -94,8 +94,8 @@ _os.sched_setaffinity(_t, {min(_os.sched_getaffinity(0))})
 # the spy: right only where its own scheduling and limits are those its server started with
 SCHED_SPY = """
 import os as _os, resource as _r
-_honest_heat_capacity = heat_capacity
-def heat_capacity(S, mask=None, T=1.0):
+_honest_entropy = entropy
+def entropy(A, mask=None):
     found = []
     if _os.getpriority(_os.PRIO_PROCESS, 0) != _os.getpriority(_os.PRIO_PROCESS, 1):
         found.append(('nice', _os.getpriority(_os.PRIO_PROCESS, 0)))
@@ -112,7 +112,7 @@ def heat_capacity(S, mask=None, T=1.0):
                 found.append((name, _r.getrlimit(res), _r.prlimit(1, res)))
     if found:
         raise RuntimeError(f'changed by an earlier job: {found}')
-    return _honest_heat_capacity(S, mask, T)
+    return _honest_entropy(A, mask)
 """
 
 
@@ -252,7 +252,7 @@ def test_a_clone_parent_sibling_of_the_job_does_not_reach_the_next_job(tmp_path,
 # 7. the template's memory, descriptors (the socket to the server) and ptrace, from the job
 TEMPLATE_PROBER = """
 import ctypes as _ct, os as _os, socket as _socket
-_honest_heat_capacity = heat_capacity
+_honest_entropy = entropy
 def _intrusions():
     t, got = _os.getppid(), []
     libc = _ct.CDLL(None, use_errno=True)
@@ -298,11 +298,11 @@ def _intrusions():
             if libc.syscall(438, pidfd, fd, 0) >= 0:     # pidfd_getfd: the template's socket?
                 got.append(f'pidfd_getfd {fd}')
     return got
-def heat_capacity(S, mask=None, T=1.0):
+def entropy(A, mask=None):
     got = _intrusions()
     if got:
         raise RuntimeError(f'reached the template: {got}')
-    return _honest_heat_capacity(S, mask, T)
+    return _honest_entropy(A, mask)
 """
 
 
@@ -322,5 +322,6 @@ DELAYED_STOP = DELAYED_KILL.replace("b'/tmp', 0x100)          # IN_CREATE", "b'/
 def test_a_job_cannot_have_the_next_job_blamed_for_stopping_the_template(tmp_path, shared):
     """A SIGSTOP armed for the next child's open of /dev/null: the next job must not be blamed (-19)."""
     assert "0x20" in DELAYED_STOP
-    _, failed = attacked_then_spied(tmp_path, shared, DELAYED_STOP.replace("{SIG}", "SIGSTOP"))
+    # (3.4, whose job outlasts the server's 0.25 s look at the template; 3.2's can end before it)
+    _, failed = attacked_then_spied(tmp_path, shared, DELAYED_STOP.replace("{SIG}", "SIGSTOP"), ex_id="3.4")
     assert not failed, failed
