@@ -25,6 +25,7 @@ mixes the two frameworks is reported as :class:`BackendMismatch`, with the fix.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import json
@@ -994,6 +995,7 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         job = json.loads((work / "job.json").read_text())
+        gc.freeze()  # what the template made since (its warm-ups) too: see serve()
         with open(3, "w", buffering=1) as out:
             run_job(job, work / "pkg", out)
         code = 0
@@ -1098,6 +1100,10 @@ def serve(scratch: str) -> int:
 
     all_exercises()
     warm.prime()
+    # what is imported lives as long as the server: out of the collector's sight (its own and its
+    # children's: a job's collections no longer walk JAX's modules, and a job costs about 20% less)
+    gc.freeze()
+    gc.enable()  # (off while importing: _server_argv)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no job can ptrace the server or its template
     server = os.getpid()
