@@ -1101,7 +1101,7 @@ def serve(scratch: str) -> int:
     all_exercises()
     warm.prime()
     # what is imported lives as long as the server: out of the collector's sight (its own and its
-    # children's: a job's collections no longer walk JAX's modules, and a job costs about 20% less)
+    # children's: a job's collections no longer walk JAX's modules)
     gc.freeze()
     gc.enable()  # (off while importing: _server_argv)
     libc = ctypes.CDLL(None, use_errno=True)
