@@ -884,15 +884,17 @@ def _no_keys(libc, before: set[str] | None) -> bool:
 # ioprio_get's (IOPRIO_WHO_PROCESS is 1) and sched_getattr's system calls, by machine
 _SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "ppc64le": 274, "s390x": 283, "riscv64": 31}
 _SYS_SCHED_GETATTR = {"x86_64": 315, "aarch64": 275, "ppc64le": 356, "s390x": 346, "riscv64": 275}
-_RLIMITS = tuple(sorted(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")))
+# every resource limit of Linux (RLIM_NLIMITS is 16), those Python has no name for included: a
+# limit the kernel ignores (RLIMIT_LOCKS, 10) is still 64 bits a job could pass to the next
+_RLIMITS = tuple(range(16))
 
 
 def _marks(pid: int, libc) -> tuple | None:
     """What a job can change of another process of its user (the server, its template) and every
     later job would inherit or suffer: its resource limits (``prlimit``), nice value, scheduling
     policy and priority, CPU affinity, I/O priority, its whole scheduling attributes (a slice,
-    utilisation clamps: ``sched_getattr``), its OOM score adjustment and its autogroup's nice
-    value (files of ``/proc`` a process of the same user may write).  None if they cannot be read."""
+    utilisation clamps: ``sched_getattr``), its OOM score adjustment, its autogroup's nice
+    value and its core dump filter (files of ``/proc`` a process of the same user may write).  None if they cannot be read."""
     import ctypes
     import platform
 
@@ -911,7 +913,7 @@ def _marks(pid: int, libc) -> tuple | None:
         buf = ctypes.create_string_buffer(128)
         attr = buf.raw if libc.syscall(number, pid, buf, 128, 0) == 0 else None
     files = []
-    for name in ("oom_score_adj", "autogroup"):
+    for name in ("oom_score_adj", "autogroup", "coredump_filter"):  # (the last: bits a child inherits)
         try:
             with open(f"/proc/{pid}/{name}") as f:
                 text = f.read().strip()
