@@ -7,6 +7,7 @@ server and must get full credit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 from typing import Iterator
@@ -21,15 +22,41 @@ EX = all_exercises()
 SLOW = Limits(per_exercise_s=60)  # the spy's: an answer takes well under a second
 
 
-def bwrap_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
-    """A started server in bubblewrap, closed after (the body of a fixture); a new one starts by
-    itself with the next job wherever an attack leaves it unclean."""
+@contextlib.contextmanager
+def fresh_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
+    """A started server in bubblewrap, closed after; a new one starts by itself with the next job
+    wherever an attack leaves it unclean."""
     server = WorkerServer(Bubblewrap(slot, limits or Limits()))
     server.start()
     try:
         yield server
     finally:
         server.close()
+
+
+def bwrap_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
+    """:func:`fresh_server` as the body of a fixture (``yield from``)."""
+    with fresh_server(slot, limits) as server:
+        yield server
+
+
+def spy_source(body: str) -> str:
+    """A spy's code: ``entropy`` (3.2) runs ``body`` (statements that append to ``found`` what an
+    earlier job left; ``_ct``, ``_os``, ``_r``, ``_struct`` and ``_time`` imported) and raises with
+    it, so the case fails; else it answers honestly."""
+    return (
+        "import ctypes as _ct, os as _os, resource as _r, struct as _struct, time as _time\n"
+        "_honest_entropy = entropy\n"
+        "def _found():\n"
+        "    found = []\n"
+        + "".join("    " + line + "\n" for line in body.strip("\n").splitlines())
+        + "    return found\n"
+        "def entropy(A, mask=None):\n"
+        "    found = _found()\n"
+        "    if found:\n"
+        "        raise RuntimeError(f'left by an earlier job: {found}')\n"
+        "    return _honest_entropy(A, mask)\n"
+    )
 
 
 def package(tmp_path, extra: str, name: str = "pkg") -> dict[str, str]:

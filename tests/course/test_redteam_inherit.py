@@ -15,16 +15,13 @@ empties the persistent keyring, and counts the network namespace's inet sockets.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
-import struct
 
 import pytest
-from server_jobs import attacked_then_spied, bwrap_server
+from server_jobs import attacked_then_spied, bwrap_server, fresh_server, spy_source
 
-from attn_course.sandbox import Bubblewrap, Limits, bwrap_works
-from attn_course.server import WorkerServer
+from attn_course.sandbox import bwrap_works
 
 pytestmark = pytest.mark.slow
 
@@ -43,23 +40,6 @@ def server():
     if not bwrap_works():
         pytest.skip("needs bubblewrap")
     yield from bwrap_server(50)
-
-
-# a spy: entropy raises (the case fails) with what it found, else answers honestly
-def _spy_source(body: str) -> str:
-    return (
-        "import ctypes as _ct, os as _os, struct as _struct\n"
-        "_honest_entropy = entropy\n"
-        "def _found():\n"
-        "    found = []\n"
-        + "".join("    " + line + "\n" for line in body.strip("\n").splitlines())
-        + "    return found\n"
-        "def entropy(A, mask=None):\n"
-        "    found = _found()\n"
-        "    if found:\n"
-        "        raise RuntimeError(f'left by an earlier job: {found}')\n"
-        "    return _honest_entropy(A, mask)\n"
-    )
 
 
 def _own_oom_score_adj() -> str:
@@ -92,7 +72,7 @@ for p in ('self', '1'):
 
 def test_a_job_cannot_make_later_jobs_the_oom_killers_first_victim(tmp_path, server):
     """oom_score_adj=1000 written to the template and server: the next child must not inherit it."""
-    spy_code = _spy_source(OOM_SPY.replace("{BASE}", _own_oom_score_adj()))
+    spy_code = spy_source(OOM_SPY.replace("{BASE}", _own_oom_score_adj()))
     _, failed = attacked_then_spied(tmp_path, server, OOM, spy_code)
     assert not failed, failed
 
@@ -126,21 +106,17 @@ if runtime(0) != runtime(1):
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="raw syscall numbers")
 def test_a_job_cannot_change_the_scheduler_slice_of_later_jobs(tmp_path, server):
     """sched_setattr(template, SCHED_OTHER, runtime=0.1 ms): the next child must run with its server's slice."""
-    _, failed = attacked_then_spied(tmp_path, server, SLICE, _spy_source(SLICE_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, SLICE, spy_source(SLICE_SPY))
     assert not failed, failed
 
 
 def test_the_spies_pass_on_a_clean_server(tmp_path):
     """Control: every spy of this file gets full credit after an honest job (on a server of its own)."""
-    fresh = WorkerServer(Bubblewrap(51, Limits()))
-    fresh.start()
-    try:
-        spies = [OOM_SPY.replace("{BASE}", _own_oom_score_adj()), AUTOGROUP_SPY, KEYS_SPY, TCP_SPY]
-        if platform.machine() in ("x86_64", "aarch64"):
-            spies.append(SLICE_SPY)
-        _, failed = attacked_then_spied(tmp_path, fresh, "", _spy_source("\n".join(spies)))
-    finally:
-        fresh.close()
+    spies = [OOM_SPY.replace("{BASE}", _own_oom_score_adj()), AUTOGROUP_SPY, KEYS_SPY, TCP_SPY]
+    if platform.machine() in ("x86_64", "aarch64"):
+        spies.append(SLICE_SPY)
+    with fresh_server(51) as fresh:
+        _, failed = attacked_then_spied(tmp_path, fresh, "", spy_source("\n".join(spies)))
     assert not failed, failed
 
 
@@ -171,7 +147,7 @@ except OSError:
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroup scheduling")
 def test_a_job_cannot_renice_its_servers_autogroup(tmp_path, server):
     """/proc/<template>/autogroup = 19: the server's session must be as it started for the next job."""
-    _, failed = attacked_then_spied(tmp_path, server, AUTOGROUP, _spy_source(AUTOGROUP_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, AUTOGROUP, spy_source(AUTOGROUP_SPY))
     assert not failed, failed
 
 
@@ -215,7 +191,7 @@ if p > 0:
 def test_a_job_cannot_leave_a_named_keyring_in_the_persistent_keyring(tmp_path, server):
     """A keyring whose name is a message, in the persistent keyring: the next job must not read it in /proc/keys."""
     spy_code = KEYS_SPY.split("libc = ")[0]
-    _, failed = attacked_then_spied(tmp_path, server, KEYS, _spy_source(spy_code))
+    _, failed = attacked_then_spied(tmp_path, server, KEYS, spy_source(spy_code))
     assert not failed, failed
 
 
@@ -225,12 +201,8 @@ def test_a_job_cannot_leave_a_hidden_key_in_the_persistent_keyring(tmp_path):
     attack = KEYS.replace("    _libc.syscall(_ak, b'keyring', b'attn-leak:the-answer-is-42', None, 0, _ct.c_long(_p))\n", "")
     assert "attn-leak" not in attack
     spy_code = "libc = " + KEYS_SPY.split("libc = ")[1]
-    fresh = WorkerServer(Bubblewrap(52, Limits()))  # (the test above's key must not be the one found)
-    fresh.start()
-    try:
-        _, failed = attacked_then_spied(tmp_path, fresh, attack, _spy_source(spy_code))
-    finally:
-        fresh.close()
+    with fresh_server(52) as fresh:  # (the test above's key must not be the one found)
+        _, failed = attacked_then_spied(tmp_path, fresh, attack, spy_source(spy_code))
     assert not failed, failed
 
 
@@ -265,5 +237,5 @@ for name in ('tcp', 'tcp6'):
 
 def test_a_job_leaves_no_tcp_state_for_the_next(tmp_path, server):
     """Loopback connections left in TIME_WAIT: the next job must see no socket of an earlier job."""
-    _, failed = attacked_then_spied(tmp_path, server, TCP, _spy_source(TCP_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, TCP, spy_source(TCP_SPY))
     assert not failed, failed

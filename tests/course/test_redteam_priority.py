@@ -34,10 +34,9 @@ import platform
 import resource
 
 import pytest
-from server_jobs import attacked_then_spied, bwrap_server
+from server_jobs import attacked_then_spied, bwrap_server, fresh_server, spy_source
 
-from attn_course.sandbox import Bubblewrap, Limits, bwrap_works
-from attn_course.server import WorkerServer
+from attn_course.sandbox import bwrap_works
 
 pytestmark = pytest.mark.slow
 
@@ -57,29 +56,6 @@ def server():
     if not bwrap_works():
         pytest.skip("needs bubblewrap")
     yield from bwrap_server(60)
-
-
-def _fresh(slot: int) -> WorkerServer:
-    fresh = WorkerServer(Bubblewrap(slot, Limits()))
-    fresh.start()
-    return fresh
-
-
-# a spy: entropy raises (the case fails) with what it found, else answers honestly
-def _spy_source(body: str) -> str:
-    return (
-        "import ctypes as _ct, os as _os, resource as _r, time as _time\n"
-        "_honest_entropy = entropy\n"
-        "def _found():\n"
-        "    found = []\n"
-        + "".join("    " + line + "\n" for line in body.strip("\n").splitlines())
-        + "    return found\n"
-        "def entropy(A, mask=None):\n"
-        "    found = _found()\n"
-        "    if found:\n"
-        "        raise RuntimeError(f'left by an earlier job: {found}')\n"
-        "    return _honest_entropy(A, mask)\n"
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,7 +90,7 @@ for _p in (_os.getppid(), 1):
 
 
 def _nice_spy() -> str:
-    return _spy_source(NICE_SPY.replace("{NICE}", str(os.getpriority(os.PRIO_PROCESS, 0))))
+    return spy_source(NICE_SPY.replace("{NICE}", str(os.getpriority(os.PRIO_PROCESS, 0))))
 
 
 @pytest.mark.parametrize("attack", [PRIO_USER, PRIO_PGRP], ids=["PRIO_USER", "PRIO_PGRP"])
@@ -156,7 +132,7 @@ for who in (0, 1, _os.getppid()):
 @pytest.mark.skipif(not RAW, reason="raw syscall numbers")
 def test_a_job_cannot_give_its_uid_the_idle_io_class(tmp_path, server):
     """ioprio_set(IOPRIO_WHO_USER / _PGRP, idle): the next child must not be in the idle I/O class."""
-    _, failed = attacked_then_spied(tmp_path, server, IOPRIO, _spy_source(IOPRIO_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, IOPRIO, spy_source(IOPRIO_SPY))
     assert not failed, failed
 
 
@@ -232,7 +208,7 @@ for _ in range(50):                # 2.5 s: past the attacker's 1.5 s timeout, w
 @pytest.mark.skipif(not RAW, reason="raw syscall numbers")
 def test_io_uring_work_left_pending_does_not_reach_the_next_job(tmp_path, server):
     """A timeout linked to a mkdirat, pending in an io_uring when the job ends: nothing in the next job's /tmp."""
-    own, failed = attacked_then_spied(tmp_path, server, IO_URING, _spy_source(IO_URING_SPY))
+    own, failed = attacked_then_spied(tmp_path, server, IO_URING, spy_source(IO_URING_SPY))
     if any("io_uring unusable" in m for m in own):
         pytest.skip(f"io_uring is not usable in the sandbox: {own[0]}")
     assert not own, own
@@ -265,7 +241,7 @@ for path in ('/tmp/many', '/dev/shm/d'):
 
 def test_a_slow_cleanup_costs_only_the_attacker(tmp_path, server):
     """100 000 files in /tmp, a directory chain deeper than PATH_MAX in /dev/shm: the next job gets full credit, in a clean scratch."""
-    _, failed = attacked_then_spied(tmp_path, server, MANY_FILES, _spy_source(MANY_SPY))
+    _, failed = attacked_then_spied(tmp_path, server, MANY_FILES, spy_source(MANY_SPY))
     assert not failed, failed
 
 
@@ -302,26 +278,20 @@ def test_the_spies_pass_on_a_clean_server(tmp_path, server):
              COREDUMP_SPY, MANY_SPY, IO_URING_SPY.replace("range(50)", "range(1)")]
     if RAW:
         spies.append(IOPRIO_SPY)
-    _, failed = attacked_then_spied(tmp_path, server, "", _spy_source("\n".join(spies)))
+    _, failed = attacked_then_spied(tmp_path, server, "", spy_source("\n".join(spies)))
     assert not failed, failed
 
 
 def test_a_job_cannot_pass_data_in_its_templates_rlimit_locks(tmp_path):
     """RLIMIT_LOCKS of the template (ignored by Linux, read by anyone): the next child must not inherit it."""
     assert RLIMIT_LOCKS not in {getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")}
-    fresh = _fresh(61)  # (the mark would stay on the shared server's template)
-    try:
-        _, failed = attacked_then_spied(tmp_path, fresh, RLIMIT_LOCKS_ATTACK, _spy_source(RLIMIT_LOCKS_SPY))
-    finally:
-        fresh.close()
+    with fresh_server(61) as fresh:  # (the mark would stay on the shared server's template)
+        _, failed = attacked_then_spied(tmp_path, fresh, RLIMIT_LOCKS_ATTACK, spy_source(RLIMIT_LOCKS_SPY))
     assert not failed, failed
 
 
 def test_a_job_cannot_pass_data_in_its_templates_coredump_filter(tmp_path):
     """coredump_filter of the template: the next child must have its server's."""
-    fresh = _fresh(62)  # (the mark would stay on the shared server's template)
-    try:
-        _, failed = attacked_then_spied(tmp_path, fresh, COREDUMP, _spy_source(COREDUMP_SPY))
-    finally:
-        fresh.close()
+    with fresh_server(62) as fresh:  # (the mark would stay on the shared server's template)
+        _, failed = attacked_then_spied(tmp_path, fresh, COREDUMP, spy_source(COREDUMP_SPY))
     assert not failed, failed
