@@ -744,6 +744,15 @@ class _Control:
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4  # prctl's options (linux/prctl.h)
 
+
+def _prctl(libc, option: int, arg: int) -> None:
+    """Linux's ``prctl``; nothing where the C library has none (macOS: a student's ``check``,
+    whose Plain sandbox runs the student's own code on their own machine)."""
+    prctl = getattr(libc, "prctl", None)
+    if prctl is not None:
+        prctl(option, arg, 0, 0, 0)
+
+
 STOP = {"stop": True}  # while a job runs: end it now (a limit was reached); ignored between jobs
 
 
@@ -902,7 +911,7 @@ def _marks(pid: int, libc) -> tuple | None:
         limits = tuple(resource.prlimit(pid, r) for r in _RLIMITS)
         sched = (os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid),
                  os.sched_getparam(pid).sched_priority, tuple(sorted(os.sched_getaffinity(pid))))
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # (the last: not Linux, where none of these exists)
         return None
     machine = platform.machine()
     number = _SYS_IOPRIO_GET.get(machine)
@@ -957,12 +966,24 @@ TEMPLATE_LOOK_S = 0.25  # how often the server looks at the template while a job
 
 
 def _state(pid: int) -> str:
-    """A process's state letter (R, S, T for stopped, t for traced, Z...); '' when it is gone."""
+    """A process's state letter (R, S, T for stopped, t for traced, Z...); '' when it is gone.
+
+    Without ``/proc`` (macOS) a process that exists counts as sleeping ("S"): a stopped one
+    cannot be told apart there, which only matters where the job is not the student's own."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
+        pass
+    if os.path.isdir("/proc/self"):
         return ""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ""
+    except OSError:
+        pass  # (it exists, another user's)
+    return "S"
 
 
 def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc, dispositions: dict) -> None:
@@ -975,12 +996,12 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         # it dies with its template (which dies with the server): when the grader kills a server,
         # a pid namespace ends its children with it, but outside one (check's Plain sandbox) the
         # job would run on, orphaned, until its CPU limit
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _prctl(libc, PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != template:  # the template died before the line above
             os._exit(1)
         for sig, handler in dispositions.items():  # as Python starts: the template ignores them all
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        _prctl(libc, PR_SET_DUMPABLE, 1)
         os.setsid()
         log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(devnull, 0)
@@ -992,7 +1013,8 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         # no POSIX message queue (one would outlive the job in the sandbox's IPC namespace,
         # and cannot be listed without a mount to look for it)
-        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+        if hasattr(resource, "RLIMIT_MSGQUEUE"):  # (Linux's)
+            resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
         sys.stdin = open(os.devnull)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
@@ -1018,9 +1040,10 @@ def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
     ignores every signal it can, and the server looks at it after each job
     (stopped or gone: a new sandbox).
     """
+    import select
     import socket
 
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # it dies with the server
+    _prctl(libc, PR_SET_PDEATHSIG, signal.SIGKILL)  # it dies with the server (Linux)
     if os.getppid() != server:
         os._exit(1)
     me = os.getpid()
@@ -1036,6 +1059,11 @@ def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
     warmed: set = set()
     while True:
         try:
+            # (where no death signal exists, or the socket is a datagram one, which has no end
+            # of file: the template looks for its server each second, and ends without it)
+            while not select.select([sock], [], [], 1.0)[0]:
+                if os.getppid() != server:
+                    os._exit(0)
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
         except OSError:
             os._exit(0)
@@ -1063,6 +1091,17 @@ def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
                 continue
             break
         sock.send(json.dumps({"status": status}).encode())
+
+
+def _socketpair():
+    """A pair of connected sockets that keep each message whole and carry descriptors:
+    sequenced packets, or datagrams where Unix sockets have no such kind (macOS)."""
+    import socket
+
+    try:
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except (OSError, AttributeError):
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 
 
 def serve(scratch: str) -> int:
@@ -1107,7 +1146,7 @@ def serve(scratch: str) -> int:
     gc.freeze()
     gc.enable()  # (off while importing: _server_argv)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no job can ptrace the server or its template
+    _prctl(libc, PR_SET_DUMPABLE, 0)  # no job can ptrace the server or its template
     server = os.getpid()
     control, control_out = _Control(0), os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -1122,7 +1161,7 @@ def serve(scratch: str) -> int:
     keys = _keys()  # (the host's, in sight before any job)
     work = Path(scratch) / "job"
     # the template every job is forked from, forked before any job is read (see _template)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours, theirs = _socketpair()
     template = os.fork()
     if template == 0:
         control_out.close()
