@@ -11,14 +11,15 @@ side holds every exercise, and MLX runs eagerly, so nothing is recompiled.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 
-from . import ROOT
+from . import ROOT, result_cache, values
 from .registry import Exercise, all_exercises, secret, select
 from .runner import package_files, reference_results, run_worker
 from .sandbox import Limits, Plain
-from .scoring import ExerciseResult, grade, stubbed_exercises
+from .scoring import ExerciseResult, Outcome, grade, stubbed_exercises
 from .server import WorkerServer
 
 
@@ -45,18 +46,42 @@ def _side_server() -> WorkerServer:
     return server
 
 
-def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax",
-             server: WorkerServer | None = None) -> dict[str, ExerciseResult]:
-    """One side, as one job of ``server`` (default: a server of its own, :func:`_side_server`)."""
+def _run_job(files: dict[str, str], exercises: list[Exercise], data, backend: str,
+             server: WorkerServer | None) -> dict[str, list[Outcome]]:
     items = [(e, data[e.id][0] + data[e.id][2]) for e in exercises]
     own = server is None
     server = server or _side_server()
-    files = package_files(package)
     try:
-        raw = run_worker(server, files, items, _SIDE_LIMITS, backend=backend)
+        return run_worker(server, files, items, _SIDE_LIMITS, backend=backend)
     finally:
         if own:
             server.close()
+
+
+def _reference_job(files: dict[str, str], exercises: list[Exercise], data, backend: str,
+                   server: WorkerServer | None) -> dict[str, list[Outcome]]:
+    """The reference's job, as :func:`_run_job` runs it, computed once per key where results are kept
+    (:mod:`attn_course.result_cache`: the test suite's).  The key holds every source of the course
+    and the library (a change to the server, the sandbox or the grading runs it again), the cases
+    and the backend; the stub's side always runs."""
+    def compute() -> dict:
+        raw = _run_job(files, exercises, data, backend, server)
+        return {ex_id: [values.encode(dataclasses.asdict(o)) for o in outcomes] for ex_id, outcomes in raw.items()}
+
+    parts = [backend, result_cache.source_digest(Path(__file__).parent),
+             [[e.id, e.function, result_cache.cases_digest(data[e.id][0] + data[e.id][2])] for e in exercises]]
+    cached = result_cache.cached("reference-side", parts, compute)
+    return {ex_id: [Outcome.from_dict(values.decode(o)) for o in outcomes] for ex_id, outcomes in cached.items()}
+
+
+def run_side(package: Path, exercises: list[Exercise], data, backend: str = "jax",
+             server: WorkerServer | None = None) -> dict[str, ExerciseResult]:
+    """One side, as one job of ``server`` (default: a server of its own, :func:`_side_server`).
+    The reference's own side (``package`` is the repository) is kept where results are
+    (:func:`_reference_job`)."""
+    files = package_files(package)
+    job = _reference_job if Path(package).resolve() == ROOT.resolve() else _run_job
+    raw = job(files, exercises, data, backend, server)
     results = {}
     stubbed = stubbed_exercises(files)
     for e in exercises:

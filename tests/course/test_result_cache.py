@@ -161,3 +161,23 @@ def test_every_module_that_computes_a_result_is_in_its_key():
     lazy_trusted = {"identity.py"}  # registry's secret(): it only picks the hidden cases, whose inputs are keyed
     missing = sorted(str(p.relative_to(course)) for p in seen - covered if p.name not in lazy_trusted)
     assert not missing, missing
+
+
+def test_the_reference_side_of_validation_is_kept_and_read_back_whole(cache):
+    """validate's reference job (a worker's run of the repository's library) is run once per
+    key; read back, it grades as computed, outcome by outcome."""
+    from attn_course import validate
+
+    ex = all_exercises()["3.2"]
+    data = validate.cases_and_expected([ex])
+    first = validate.run_side(validate.ROOT, [ex], data)
+    assert len(list(cache.glob("reference-side-*.json"))) == 1
+    server = validate._side_server()
+    try:
+        again = validate.run_side(validate.ROOT, [ex], data, server=server)
+        assert server.starts == 0  # read back: no worker ran
+    finally:
+        server.close()
+    assert again == first and first[ex.id].passed
+    raw = validate._reference_job(validate.package_files(validate.ROOT), [ex], data, "jax", None)
+    assert [o.status for o in raw[ex.id]] == ["ok"] * len(first[ex.id].cases)
