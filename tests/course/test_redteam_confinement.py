@@ -314,7 +314,7 @@ def test_nothing_outlived_its_job(graded):
 
 
 SLEEPER = "_SLEPT = set()\n" + "".join(
-    _wrap(ex, f"import time\nif {ex!r} not in _SLEPT:\n    _SLEPT.add({ex!r})\n    time.sleep(1)\nreturn _honest()")
+    _wrap(ex, f"import time\nif {ex!r} not in _SLEPT:\n    _SLEPT.add({ex!r})\n    time.sleep(0.4)\nreturn _honest()")
     for ex in FULL)
 
 
@@ -331,7 +331,7 @@ def test_an_archive_that_sleeps_under_every_limit_is_stopped_by_its_budget(tmp_p
     lines: list[str] = []
     try:
         g = Grader(tmp_path / "out", "3", jobs=1, log=lines.append,
-                   limits=Limits(per_exercise_s=60, per_archive_s=3, cpu_s=60))  # 5 x 1 s asleep
+                   limits=Limits(per_exercise_s=60, per_archive_s=1.2, cpu_s=60))  # 5 x 0.4 s asleep
         (r,) = g.run(subs)
     finally:
         del os.environ["ATTN_COURSE_SECRET"]
