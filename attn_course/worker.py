@@ -753,6 +753,20 @@ def _prctl(libc, option: int, arg: int) -> None:
         prctl(option, arg, 0, 0, 0)
 
 
+def _end_with_parent(parent: int) -> None:
+    """Where no parent-death signal exists (macOS): a thread that ends this process once its
+    parent is gone, as the signal would (a job whose server was killed, by a Ctrl-C of check,
+    would otherwise spin on, orphaned, until its CPU limit)."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="attn-parent-watch", daemon=True).start()
+
+
 STOP = {"stop": True}  # while a job runs: end it now (a limit was reached); ignored between jobs
 
 
@@ -999,6 +1013,8 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         _prctl(libc, PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != template:  # the template died before the line above
             os._exit(1)
+        if getattr(libc, "prctl", None) is None:
+            _end_with_parent(template)
         for sig, handler in dispositions.items():  # as Python starts: the template ignores them all
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         _prctl(libc, PR_SET_DUMPABLE, 1)

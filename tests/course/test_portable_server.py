@@ -5,8 +5,9 @@ calls: ``prctl``, ``prlimit``, the ``sched_*`` family, ``RLIMIT_MSGQUEUE``,
 sequenced-packet Unix sockets and ``/proc``.  macOS has none of them.  Here
 the server starts with all of them taken away (a shim run before the worker's
 own code) and must still grade: the public cases of a chapter, twice on the
-same server, and a template that outlives its server (no death signal
-there, and a datagram socket has no end of file) ends by itself.
+same server; a template that outlives its server (no death signal
+there, and a datagram socket has no end of file) ends by itself, and so
+does a job that spins on when its server is killed (a Ctrl-C of check).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -122,3 +124,35 @@ def test_one_server_serves_job_after_job_and_its_template_ends_without_it(tmp_pa
         assert _gone(template), "the template outlived its server"
     finally:
         server.close()
+
+
+LOOP = "\n\ndef entropy(A, mask=None):\n    while True:\n        pass\n"
+
+
+def test_a_spinning_job_ends_when_its_server_is_killed(tmp_path):
+    ex = all_exercises()["3.2"]
+    cases = check.load_cases(workspace.create(tmp_path / "ws", "s7654323") / ".course" / "cases", [ex])[ex.id].cases
+    files = package_files(ROOT)
+    files["attn_tensors/statmech.py"] += LOOP
+    server = WorkerServer(NotLinux(GRADING_LIMITS))  # 30 s an exercise: far longer than this test waits
+    server.start()
+    (template,) = _children(server.proc.pid)
+    grading = threading.Thread(target=run_worker, args=(server, files, [(ex, cases)], GRADING_LIMITS), daemon=True)
+    grading.start()
+    deadline = time.monotonic() + 60
+    while not _children(template):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    (job,) = _children(template)
+    server.close()  # check's end (a Ctrl-C): the server and its process group, not the job's own session
+    try:
+        deadline = time.monotonic() + 10
+        while not _gone(job) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(job), "the job spun on after its server was killed"
+    finally:
+        try:
+            os.kill(job, signal.SIGKILL)  # (when it did not end: not left spinning until its CPU limit)
+        except ProcessLookupError:
+            pass
+    grading.join(timeout=30)
