@@ -9,23 +9,41 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 from typing import Iterator
+
+import pytest
 
 from attn_course import ROOT
 from attn_course.registry import all_exercises
 from attn_course.runner import package_files, reference_results, run_and_grade, run_worker
-from attn_course.sandbox import Bubblewrap, Limits
+from attn_course.sandbox import Bubblewrap, Limits, bwrap_works
 from attn_course.server import WorkerServer
 
 EX = all_exercises()
 SLOW = Limits(per_exercise_s=60)  # the spy's: an answer takes well under a second
 
 
+@functools.cache
+def _bwrap_works() -> bool:
+    return bwrap_works()  # (asked once: each ask runs bubblewrap)
+
+
+def needs_bwrap(reason: str = "needs bubblewrap") -> None:
+    """Skip where bubblewrap does not work, or fail where it is required (ATTN_REQUIRE_BWRAP=1:
+    ``make test`` and CI), so that no confinement test is skipped there unseen."""
+    if not _bwrap_works():
+        if os.environ.get("ATTN_REQUIRE_BWRAP") == "1":
+            pytest.fail(f"bubblewrap is required (ATTN_REQUIRE_BWRAP=1) but does not work here ({reason})")
+        pytest.skip(reason)
+
+
 @contextlib.contextmanager
 def fresh_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
     """A started server in bubblewrap, closed after; a new one starts by itself with the next job
-    wherever an attack leaves it unclean."""
+    wherever an attack leaves it unclean (:func:`needs_bwrap` first)."""
+    needs_bwrap()
     server = WorkerServer(Bubblewrap(slot, limits or Limits()))
     server.start()
     try:

@@ -96,10 +96,9 @@ def test_ctrl_c_stops_within_seconds_and_keeps_finished_results(tmp_path):
     import signal
     import time
 
-    from attn_course.sandbox import bwrap_works
+    from server_jobs import needs_bwrap
 
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
+    needs_bwrap()
     subs, out = tmp_path / "submitted", tmp_path / "grading"
     subs.mkdir()
     ref = library_files(ROOT)

@@ -170,10 +170,9 @@ def notebook_class(tmp_path_factory):
     from attn_course import RELEASE_LIBRARY
     from attn_course.archive import build_archive, library_files
     from attn_course.identity import token_for
-    from attn_course.sandbox import bwrap_works
+    from server_jobs import needs_bwrap
 
-    if not bwrap_works():
-        pytest.skip("notebooks are graded only in the bubblewrap sandbox")
+    needs_bwrap("notebooks are graded only in the bubblewrap sandbox")
     tmp = tmp_path_factory.mktemp("notebooks")
     subs = tmp / "archives"
     subs.mkdir()

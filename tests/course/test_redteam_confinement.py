@@ -25,7 +25,8 @@ from attn_course import ROOT
 from attn_course.archive import build_archive, library_files
 from attn_course.grade import Grader
 from attn_course.identity import token_for
-from attn_course.sandbox import Limits, bwrap_works
+from attn_course.sandbox import Limits
+from server_jobs import needs_bwrap
 
 pytestmark = pytest.mark.slow
 
@@ -214,10 +215,7 @@ HOSTILE = {
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    if not bwrap_works():
-        if os.environ.get("ATTN_REQUIRE_BWRAP") == "1":
-            pytest.fail("bubblewrap is required (ATTN_REQUIRE_BWRAP=1) but does not work here")
-        pytest.skip("the confinement attacks need bubblewrap")
+    needs_bwrap("the confinement attacks need bubblewrap")
     os.environ["ATTN_COURSE_SECRET"] = SECRET
     tmp = tmp_path_factory.mktemp("confine")
     subs, out = tmp / "submitted", tmp / "grading"
@@ -320,8 +318,7 @@ SLEEPER = "_SLEPT = set()\n" + "".join(
 
 def test_an_archive_that_sleeps_under_every_limit_is_stopped_by_its_budget(tmp_path):
     """Each exercise stays under its own limit; together they exceed the archive's budget."""
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
+    needs_bwrap()
     subs = tmp_path / "subs"
     subs.mkdir()
     ref = library_files(ROOT)

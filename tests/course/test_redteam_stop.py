@@ -22,9 +22,9 @@ import secrets
 import shutil
 
 import pytest
-from server_jobs import bwrap_server, package, spy, stop
+from server_jobs import bwrap_server, needs_bwrap, package, spy, stop
 
-from attn_course.sandbox import Bubblewrap, Limits, bwrap_works
+from attn_course.sandbox import Bubblewrap, Limits
 from attn_course.server import WorkerServer
 
 pytestmark = pytest.mark.slow
@@ -35,15 +35,12 @@ _KEY_SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
 
 @pytest.fixture(autouse=True)
 def _needs_bwrap():
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
+    needs_bwrap()
 
 
 @pytest.fixture(scope="module")
 def shared():
     """One server for the file's attacks (started again by the next job where an attack breaks it)."""
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
     yield from bwrap_server(21)
 
 

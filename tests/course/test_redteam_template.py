@@ -21,9 +21,8 @@ import os
 import platform
 
 import pytest
-from server_jobs import attacked_then_spied, bwrap_server, package, spy
+from server_jobs import attacked_then_spied, bwrap_server, needs_bwrap, package, spy
 
-from attn_course.sandbox import bwrap_works
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +31,12 @@ X86 = platform.machine() == "x86_64"
 
 @pytest.fixture(autouse=True)
 def _needs_bwrap():
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
+    needs_bwrap()
 
 
 @pytest.fixture(scope="module")
 def shared():
     """One server for the file's attacks (started again by the next job where an attack breaks it)."""
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
     yield from bwrap_server(40)
 
 

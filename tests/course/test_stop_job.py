@@ -20,7 +20,8 @@ import pytest
 from attn_course import ROOT
 from attn_course.registry import all_exercises
 from attn_course.runner import package_files, reference_results, run_and_grade, run_worker
-from attn_course.sandbox import Bubblewrap, Limits, Plain, bwrap_works
+from attn_course.sandbox import Bubblewrap, Limits, Plain
+from server_jobs import needs_bwrap
 from attn_course.server import WorkerServer
 
 EX = all_exercises()
@@ -107,8 +108,7 @@ def _stopped_then_served(tmp_path, monkeypatch, sandbox, job: str, spy: str) -> 
 
 @pytest.mark.slow
 def test_a_job_stopped_in_bubblewrap_leaves_nothing_for_the_next_on_the_same_server(tmp_path, monkeypatch):
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
+    needs_bwrap()
     _stopped_then_served(tmp_path, monkeypatch, Bubblewrap(7, Limits()), PLANTER, SPY)
 
 
@@ -173,8 +173,7 @@ def test_in_bubblewrap_a_job_cannot_stop_or_kill_its_server(tmp_path):
     arrive, its right answers count, and the same server serves the next job.  A job that kills
     its parent (the template: not init, and it dies with it) loses only its own exercise: the next
     job runs in a new sandbox and gets its credit."""
-    if not bwrap_works():
-        pytest.skip("needs bubblewrap")
+    needs_bwrap()
     limits = Limits(per_exercise_s=20)
     server = WorkerServer(Bubblewrap(8, limits))
     ex = EX["3.4"]
