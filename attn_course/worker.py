@@ -745,12 +745,14 @@ class _Control:
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4  # prctl's options (linux/prctl.h)
 
 
-def _prctl(libc, option: int, arg: int) -> None:
+def _prctl(libc, option: int, arg: int) -> bool:
     """Linux's ``prctl``; nothing where the C library has none (macOS: a student's ``check``,
-    whose Plain sandbox runs the student's own code on their own machine)."""
+    whose Plain sandbox runs the student's own code on their own machine).  False there."""
     prctl = getattr(libc, "prctl", None)
-    if prctl is not None:
-        prctl(option, arg, 0, 0, 0)
+    if prctl is None:
+        return False
+    prctl(option, arg, 0, 0, 0)
+    return True
 
 
 def _end_with_parent(parent: int) -> None:
@@ -1010,10 +1012,10 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         # it dies with its template (which dies with the server): when the grader kills a server,
         # a pid namespace ends its children with it, but outside one (check's Plain sandbox) the
         # job would run on, orphaned, until its CPU limit
-        _prctl(libc, PR_SET_PDEATHSIG, signal.SIGKILL)
+        signalled = _prctl(libc, PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != template:  # the template died before the line above
             os._exit(1)
-        if getattr(libc, "prctl", None) is None:
+        if not signalled:
             _end_with_parent(template)
         for sig, handler in dispositions.items():  # as Python starts: the template ignores them all
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
