@@ -600,13 +600,17 @@ def run_job(job: dict, package: Path, out) -> None:
 
 
 def _import_jax() -> None:
-    """Import JAX, without its search of every installed package's metadata for a ROCm plugin.
+    """Import JAX, without its searches of every installed package's metadata for plugins.
 
     JAX (0.10) reads the metadata of each distribution in the environment as
     it is imported, to find a ``jax-rocm*-plugin`` (about 0.1 CPU-s with the
-    course's 190 packages, in every worker server).  A worker runs JAX on the
-    CPU only (``JAX_PLATFORMS=cpu``, :func:`attn_course.sandbox.worker_env`):
-    there, the search is shown no distributions.  Elsewhere JAX imports as usual.
+    course's 190 packages, in every worker server), and again as its backend
+    starts, for the entry points of PJRT plugins (about 0.03 CPU-s, in every
+    job's child: the backend starts there, after the fork).  A worker runs JAX
+    on the CPU only (``JAX_PLATFORMS=cpu``, :func:`attn_course.sandbox.worker_env`),
+    where no plugin is used: both searches are shown no distributions, and the
+    second is done here, once, so that the children inherit its answer.
+    Elsewhere JAX imports as usual.
     """
     if "jax" in sys.modules or os.environ.get("JAX_PLATFORMS") != "cpu":
         import jax  # noqa: F401
@@ -617,6 +621,11 @@ def _import_jax() -> None:
     metadata.distributions = lambda *args, **kwargs: iter(())
     try:
         import jax  # noqa: F401
+        from jax._src import xla_bridge
+
+        discover = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
+        if discover is not None:  # (JAX's own: it only imports and registers, it starts no backend)
+            discover()
     finally:
         metadata.distributions = distributions
 
