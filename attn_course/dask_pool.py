@@ -18,7 +18,10 @@ environment (``ATTN_COURSE_SECRET``, set where the workers start: a
 Kubernetes Secret, the batch job's environment) and only its fingerprint is
 compared with the grader's; a worker with another secret or none refuses
 every task, with that reason, before running anything.  The sandbox sees
-neither (:func:`attn_course.sandbox.worker_env`).
+neither (:func:`attn_course.sandbox.worker_env`).  Every worker is asked
+before the batch starts; one that joins later and refuses its first task
+(:class:`WorkerRefused`) gets no more of the batch, and the archive it
+refused goes to the other workers.
 
 A worker lost mid-batch costs only the archives it was grading: the
 scheduler runs their tasks again elsewhere (Dask's ``allowed-failures``), and
@@ -52,6 +55,28 @@ if TYPE_CHECKING:
 
 class ClusterError(RuntimeError):
     """The Dask cluster cannot grade (no worker, or a worker without the grader's secret)."""
+
+
+class WorkerRefused(ClusterError):
+    """A worker that cannot grade this batch (another secret, or no bubblewrap for notebooks),
+    raised by each task it is given, with its address: the grader sends the archive elsewhere."""
+
+    def __init__(self, message: str, address: str):
+        super().__init__(message)
+        self.address = address
+
+    def __reduce__(self):
+        return WorkerRefused, (str(self), self.address)
+
+
+def _this_worker() -> str:
+    """The address of the Dask worker this runs on ("" outside a task)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError):
+        return ""
 
 
 @dataclass(frozen=True)
@@ -112,13 +137,15 @@ class _WorkerGrader:
                              log=lambda *a: None, ci_secret=config.ci_secret, roster=config.roster,
                              require_token=config.require_token, notebooks=config.notebooks,
                              backend=config.backend)
+        # (a worker that joined after DaskPool.check_workers looked)
         if self.grader.fingerprint != config.fingerprint:
-            raise ClusterError(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has another course "
-                               "secret than the grader (ATTN_COURSE_SECRET in the workers' environment)")
+            raise WorkerRefused(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has another course "
+                                "secret than the grader (ATTN_COURSE_SECRET in the workers' environment)",
+                                _this_worker())
         if config.notebooks and worker_sandbox(config.use_bwrap) != "bubblewrap":
-            # a worker that joined after DaskPool.check_workers looked: notebook code never runs with limits only
-            raise ClusterError(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has no working "
-                               "bubblewrap, which --notebooks needs")
+            # notebook code never runs with limits only
+            raise WorkerRefused(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has no working "
+                                "bubblewrap, which --notebooks needs", _this_worker())
         self.grader.prepare()
         self.grader.start_workers()
         self.free: list[int] = []
@@ -292,6 +319,7 @@ class DaskPool:
             raise ClusterError(f"cannot connect to the Dask scheduler at {terminal(address, 200)} "
                                f"({terminal(err, 200)})") from None
         self.futures: dict = {}
+        self.refused: set[str] = set()  # workers that refused a task of this batch (their addresses)
 
     def _on_every_worker(self, function, *args) -> dict:
         """``function(*args)`` on every worker, by worker; refuses a cluster where it cannot run.
@@ -353,6 +381,20 @@ class DaskPool:
         queue = list(reversed(todo))
         done = as_completed(loop=self.client.loop)
 
+        def submit(archive: Path, data: bytes, received: float) -> bool:
+            """Sends one archive's task to a worker that has not refused; False if none is left."""
+            where = {}
+            if self.refused:
+                allowed = sorted(set(self.client.scheduler_info().get("workers", {})) - self.refused)
+                if not allowed:
+                    return False
+                where = {"workers": allowed, "allow_other_workers": False}
+            fut = self.client.submit(grade_task, self.config, archive.name, data, received, len(queue), slots,
+                                     pure=False, key=task_key(archive.name), **where)
+            self.futures[fut] = (archive, data, received)
+            done.add(fut)
+            return True
+
         def submit_next() -> Iterator[tuple[Path, ArchiveResult]]:
             while queue:
                 archive = queue.pop()
@@ -363,19 +405,33 @@ class DaskPool:
                     # not a readable regular file of bounded size: rejected here, by the same function
                     yield archive, self.grader.grade_one(archive, 0)
                     continue
-                fut = self.client.submit(grade_task, self.config, archive.name, data, received, len(queue), slots,
-                                         pure=False,
-                                         key=task_key(archive.name))
-                self.futures[fut] = (archive, data, received)
-                done.add(fut)
+                if not submit(archive, data, received):
+                    yield archive, self._failed(archive, data, received, ClusterError("every worker refused"))
+                    continue
                 return
 
         for _ in range(window):
             yield from submit_next()
         for fut in done:
             archive, data, received = self.futures.pop(fut)
+            refused = self._refused_by(fut)
+            if refused is not None and refused.address:  # (one without an address cannot be avoided)
+                if refused.address not in self.refused:  # named once, though it may refuse more in flight
+                    self.refused.add(refused.address)
+                    self.grader.log(f"warning: {terminal(refused, 300)}; it gets no more archives of this batch")
+                if submit(archive, data, received):
+                    continue  # the archive it refused goes to another worker
             yield archive, self._result(fut, archive, data, received)
             yield from submit_next()
+
+    @staticmethod
+    def _refused_by(fut) -> "WorkerRefused | None":
+        """The refusal a finished task raised, if it raised one."""
+        try:
+            err = fut.exception() if fut.status == "error" else None
+        except Exception:  # noqa: BLE001 - cancelled, or the scheduler gone: not a refusal
+            return None
+        return err if isinstance(err, WorkerRefused) else None
 
     def _result(self, fut, archive: Path, data: bytes, received: float) -> ArchiveResult:
         try:
@@ -384,14 +440,18 @@ class DaskPool:
                 raise ClusterError("a Dask worker returned a result for another archive")
             return res
         except Exception as err:  # noqa: BLE001 - a lost task is one archive's failure, retried next run
-            res = ArchiveResult(archive.name, hashlib.sha256(data).hexdigest(), self.config.fingerprint,
-                                [e.id for e in self.grader.exercises],
-                                received=received, scores={e.id: 0.0 for e in self.grader.exercises})
-            res.error = True
-            why = str(err)[:300] if isinstance(err, ClusterError) else type(err).__name__
-            res.rejected = (f"the grader failed on this archive on the Dask cluster ({why}); "
-                            "it is retried on the next run")
-            return res
+            return self._failed(archive, data, received, err)
+
+    def _failed(self, archive: Path, data: bytes, received: float, err: Exception) -> ArchiveResult:
+        """The result of an archive the cluster could not grade: an error, graded again on the next run."""
+        res = ArchiveResult(archive.name, hashlib.sha256(data).hexdigest(), self.config.fingerprint,
+                            [e.id for e in self.grader.exercises],
+                            received=received, scores={e.id: 0.0 for e in self.grader.exercises})
+        res.error = True
+        why = str(err)[:300] if isinstance(err, ClusterError) else type(err).__name__
+        res.rejected = (f"the grader failed on this archive on the Dask cluster ({why}); "
+                        "it is retried on the next run")
+        return res
 
     def cancel(self) -> None:
         """Cancels the batch's tasks, and stops those already running on the workers (:func:`stop_graders`)."""

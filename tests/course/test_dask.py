@@ -198,6 +198,47 @@ def test_a_stopped_batch_stops_the_archives_running_on_the_workers(cluster, secr
         g.close()
 
 
+def test_a_worker_that_joins_with_another_secret_costs_no_archive(batch, cluster, local, tmp_path, monkeypatch):
+    """A worker with another course secret joins just after the grader asked every worker: it
+    refuses the tasks it is given (WorkerRefused), gets no more, and the archives it refused are
+    graded elsewhere in the same batch: every result is the local pool's, none an error."""
+    import shutil
+    import time
+
+    from attn_course.dask_pool import DaskPool
+
+    _, local = local
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    for name in LOSS_BATCH:
+        shutil.copy2(batch / name, subs / name)
+    asked = DaskPool.check_workers
+
+    def then_a_worker_joins(pool):
+        slots = asked(pool)
+        before = len(pool.client.scheduler_info()["workers"])
+        with monkeypatch.context() as env:  # the new worker's process starts with this environment
+            env.setenv("ATTN_COURSE_SECRET", "not-the-graders-secret")
+            cluster.scale(before + 1)
+            deadline = time.monotonic() + 120
+            while len(pool.client.scheduler_info()["workers"]) <= before:
+                assert time.monotonic() < deadline, "the new worker never joined"
+                time.sleep(0.2)
+        return slots
+
+    monkeypatch.setattr(DaskPool, "check_workers", then_a_worker_joins)
+    log: list[str] = []
+    try:
+        remote = _grade(subs, tmp_path / "dask", cluster.scheduler_address, log.append)
+    finally:
+        cluster.scale(2)  # the newest worker goes: the cluster as the module's other tests expect it
+    assert remote == {name: local[name] for name in LOSS_BATCH}
+    warnings = [line for line in log if "another course secret" in line]
+    if not warnings:  # the scheduler gave the new worker no task: nothing was tested
+        pytest.skip("the worker that joined was given no archive")
+    assert len(warnings) == 1 and "no more archives" in warnings[0], warnings
+
+
 def test_a_worker_lost_mid_batch_costs_only_a_retry(batch, cluster, local, tmp_path):
     """When an archive finishes, a worker that is grading another one dies: the batch
     still finishes, with every result the local pool's (the lost archive ran again elsewhere).
