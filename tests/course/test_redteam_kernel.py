@@ -1,0 +1,100 @@
+"""A job reaching for the kernel's privileged calls: namespaces, ids, capabilities, mounts.
+
+Bubblewrap's options (``--unshare-all --unshare-user --disable-userns
+--cap-drop ALL``, and the no-new-privileges bit it sets) are what stand
+between a submission and the kernel's larger surface: a user namespace of
+its own would give it every capability there (the way into netfilter's and
+filesystems' bugs), a capability or a mount would let it change the
+sandbox that later jobs run in.  Nothing else tested that these options are
+there: a change that dropped one would have passed every other test.
+
+The probe runs each attempt in a forked process (``unshare`` refuses a
+process with threads) and reports what succeeded; in bubblewrap nothing
+may.  The same probe in the Plain sandbox (``check``'s, no bubblewrap)
+shows that it finds what it looks for.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attn_course.sandbox import Limits, Plain
+from attn_course.server import WorkerServer
+from server_jobs import fresh_server, package, spy
+
+pytestmark = pytest.mark.slow
+
+PROBE = r'''
+import ctypes as _ct, os as _os
+_libc = _ct.CDLL(None, use_errno=True)
+_honest_entropy = entropy
+_NAMESPACES = {"user": 0x10000000, "mount": 0x00020000, "net": 0x40000000, "uts": 0x04000000,
+               "ipc": 0x08000000, "pid": 0x20000000, "cgroup": 0x02000000}
+
+
+def _in_child(attempt):
+    """attempt() in a forked process, which has one thread: True if it returned True."""
+    pid = _os.fork()
+    if pid == 0:
+        try:
+            ok = bool(attempt())
+        except BaseException:
+            ok = False
+        _os._exit(0 if ok else 1)
+    _, status = _os.waitpid(pid, 0)
+    return _os.WIFEXITED(status) and _os.WEXITSTATUS(status) == 0
+
+
+def _status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return line.split()[1]
+    return "?"
+
+
+def _escapes():
+    found = [f"unshare({name})" for name, flag in _NAMESPACES.items()
+             if _in_child(lambda flag=flag: _libc.unshare(flag) == 0)]
+    if _in_child(lambda: _libc.setuid(0) == 0 and _os.getuid() == 0):
+        found.append("setuid(0)")
+    if _in_child(lambda: _libc.chroot(b"/tmp") == 0):
+        found.append("chroot")
+    if _os.getuid() != 0 and _in_child(lambda: _libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) == 0):
+        found.append("mount")  # (never tried as root: outside a sandbox it would mount over /tmp)
+    for field in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
+        if _status(field) not in ("0000000000000000", "?"):
+            found.append(f"{field} {_status(field)}")
+    if _status("NoNewPrivs") != "1":
+        found.append("NoNewPrivs " + _status("NoNewPrivs"))
+    return found
+
+
+_FOUND = []
+
+
+def entropy(A, mask=None):
+    if not _FOUND:
+        _FOUND.append(_escapes())
+    if _FOUND[0]:
+        raise RuntimeError(f"escaped: {_FOUND[0]}")
+    return _honest_entropy(A, mask)
+'''
+
+
+def test_a_job_in_bubblewrap_gets_no_namespace_capability_id_or_mount(tmp_path):
+    with fresh_server(64) as server:
+        failed = spy(server, package(tmp_path, PROBE))
+    assert failed == [], failed
+
+
+def test_the_probe_finds_them_outside_bubblewrap(tmp_path):
+    """The control: in the Plain sandbox the same probe reports what it could do."""
+    server = WorkerServer(Plain(Limits()))
+    server.start()
+    try:
+        failed = spy(server, package(tmp_path, PROBE))
+    finally:
+        server.close()
+    if not failed:
+        pytest.skip("this machine lets a process do none of it even outside bubblewrap")
+    assert all("escaped:" in m for m in failed), failed
