@@ -55,7 +55,7 @@ COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and not
 # mistakes catalogue is the reference with one switch turned; the grader,
 # its reports and identity code have no business there).
 WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py",
-                  "inline_where.py", "warm.py")
+                  "inline_where.py", "warm.py", "seccomp.py")
 _STAGED: dict[str, str] = {}
 
 
@@ -111,13 +111,14 @@ def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     return env
 
 
-def _server_argv(course_parent: str, scratch: str) -> list[str]:
+def _server_argv(course_parent: str, scratch: str, confined: bool = True) -> list[str]:
     """``python -I``: attn_course from ``course_parent`` only, never the current folder.  Its
     imports (JAX's) run without the cyclic garbage collector, about 15% of a server's start:
-    :func:`attn_course.worker.serve` turns it back on."""
+    :func:`attn_course.worker.serve` turns it back on.  ``confined``: each job's process refuses
+    the kernel calls no job needs (:mod:`attn_course.seccomp`), as the grading sandboxes ask."""
     boot = (f"import gc; gc.disable(); import sys; sys.path.insert(0, {course_parent!r}); "
             "from attn_course.worker import main; sys.exit(main())")
-    return [sys.executable, "-I", "-c", boot, "--serve", "--scratch", scratch]
+    return [sys.executable, "-I", "-c", boot, "--serve", "--scratch", scratch] + (["--confined"] if confined else [])
 
 
 class Sandbox(Protocol):
@@ -157,7 +158,7 @@ class Plain:
         self.cleanup()
         self._scratch = tempfile.mkdtemp(prefix="attn-check-")
         env = worker_env(self._scratch, self.cache)
-        return _server_argv(str(ROOT), self._scratch), env
+        return _server_argv(str(ROOT), self._scratch, confined=False), env  # the student's own code
 
     def cleanup(self) -> None:
         if self._scratch:

@@ -42,7 +42,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import values, warm
+from . import seccomp, values, warm
 from .inline_where import inline_where
 from .xla_cache import WORKER_COMPILER_OPTIONS
 from .regions import exercise_of_stub
@@ -1011,9 +1011,11 @@ def _state(pid: int) -> str:
     return "S"
 
 
-def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc, dispositions: dict) -> None:
-    """A job's own process (forked by the template): its limits and descriptors, then the job,
-    read from ``work/job.json`` (written by the server): nothing else of any job is in its memory."""
+def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc, dispositions: dict,
+           confined: bool = False) -> None:
+    """A job's own process (forked by the template): its limits and descriptors, its seccomp
+    filter where ``confined``, then the job, read from ``work/job.json`` (written by the server):
+    nothing else of any job is in its memory."""
     import resource
 
     code = 1
@@ -1042,6 +1044,8 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         # and cannot be listed without a mount to look for it)
         if hasattr(resource, "RLIMIT_MSGQUEUE"):  # (Linux's)
             resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+        if confined:  # before anything of the job is read (best effort: where the kernel has filters)
+            seccomp.refuse_kernel_calls(libc)
         sys.stdin = open(os.devnull)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
@@ -1055,7 +1059,7 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
     os._exit(code)
 
 
-def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
+def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool = False) -> None:
     """The process every job is forked from (forked by the server before it reads any job).
 
     The server's memory holds what jobs sent and wrote (a package's sources,
@@ -1105,7 +1109,7 @@ def _template(sock, server: int, work: Path, devnull: int, libc) -> None:
         pid = os.fork()
         if pid == 0:
             sock.close()
-            _child(work, results, devnull, int(order["cpu_s"]), me, libc, dispositions)
+            _child(work, results, devnull, int(order["cpu_s"]), me, libc, dispositions, confined)
         os.close(results)
         sock.send(json.dumps({"pid": pid}).encode())
         while True:  # until it ends (a stop by ptrace, its parent being its tracer, ends it too)
@@ -1131,8 +1135,11 @@ def _socketpair():
         return socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 
 
-def serve(scratch: str) -> int:
+def serve(scratch: str, confined: bool = False) -> int:
     """A fork server: import once, then one fresh child per job (``--serve``).
+
+    ``confined`` (``--confined``, the grading sandboxes): each job's process
+    refuses the kernel calls that no job needs (:mod:`attn_course.seccomp`).
 
     Reads one JSON job per line from stdin, writes the job's package and the
     job itself into an empty ``scratch`` folder (the sandbox's private
@@ -1194,7 +1201,7 @@ def serve(scratch: str) -> int:
         control_out.close()
         ours.close()
         os.dup2(devnull, 0)
-        _template(theirs, server, work, devnull, libc)
+        _template(theirs, server, work, devnull, libc, confined)
         os._exit(0)
     theirs.close()
     marks = {p: _marks(p, libc) for p in (server, template)}  # before any job
@@ -1329,9 +1336,9 @@ def serve(scratch: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and argv[0] == "--serve" and argv[1] == "--scratch":
-        return serve(argv[2])
-    print("usage: python -m attn_course.worker --serve --scratch DIR", file=sys.stderr)
+    if len(argv) in (3, 4) and argv[0] == "--serve" and argv[1] == "--scratch" and argv[3:] in ([], ["--confined"]):
+        return serve(argv[2], confined=argv[3:] == ["--confined"])
+    print("usage: python -m attn_course.worker --serve --scratch DIR [--confined]", file=sys.stderr)
     return 2
 
 

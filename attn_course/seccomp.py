@@ -1,0 +1,98 @@
+"""A job's own process refuses the kernel's calls that no job needs (a seccomp filter).
+
+Bubblewrap takes away what these calls could change (no capability, no user
+namespace of the job's own), but their code is still the kernel's, reached
+by any process: io_uring, BPF, ``perf_event_open``, ``userfaultfd``, the
+keyrings, ``ptrace`` and reading another process's memory, the mount and
+module calls.  Those are where escapes from sandboxes came from; Docker's
+default profile refuses most of them too.  A job's process (forked by the
+server's template, :func:`attn_course.worker._child`) installs this filter
+before it reads its job, in the grading sandboxes (bubblewrap, and limits
+only); ``check``'s Plain sandbox runs the student's own code on their own
+machine and installs none.  A refused call fails with ``EPERM``; calls of
+another architecture's convention (the 32-bit ``int 0x80`` on x86-64, x32)
+are refused as a whole, since their numbers differ.
+
+Installed only where the numbers below are known (Linux on x86-64 and
+aarch64, from the kernel's ``unistd`` headers); elsewhere
+:func:`refuse_kernel_calls` says that it did nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+import sys
+
+# the calls refused, by name: number on x86-64, number on aarch64 (asm-generic)
+CALLS = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "kcmp": (312, 272), "pidfd_getfd": (438, 438),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219),
+    "unshare": (272, 97), "setns": (308, 268), "chroot": (161, 51), "pivot_root": (155, 41),
+    "mount": (165, 40), "umount2": (166, 39), "mount_setattr": (442, 442), "open_tree": (428, 428),
+    "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432),
+    "fspick": (433, 433), "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
+    "fanotify_init": (300, 262), "quotactl": (179, 60), "lookup_dcookie": (212, 18),
+    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "reboot": (169, 142),
+    "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "syslog": (103, 116),
+    "sethostname": (170, 161), "setdomainname": (171, 162),
+}
+ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column of CALLS
+X32_BIT = 0x40000000  # x86-64's x32 calls: the same numbers with this bit
+
+_LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO (| errno)
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("HBBI", code, jt, jf, k)
+
+
+def program(arch: str) -> bytes:
+    """The filter for ``arch`` ("x86_64" or "aarch64"), as ``struct sock_filter`` s."""
+    audit, column = ARCHES[arch]
+    refuse = _insn(_RET_K, 0, 0, _ERRNO | errno.EPERM)
+    numbers = sorted({n[column] for n in CALLS.values()})
+    out = [_insn(_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+           _insn(_JEQ_K, 1, 0, audit), refuse,  # another convention's numbers: refused as a whole
+           _insn(_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
+    if arch == "x86_64":
+        out += [_insn(_JGE_K, 0, 1, X32_BIT), refuse]
+    for i, nr in enumerate(numbers):  # a match jumps over the numbers left and the allow: to refuse
+        out.append(_insn(_JEQ_K, len(numbers) - i, 0, nr))
+    return b"".join(out + [_insn(_RET_K, 0, 0, _ALLOW), refuse])
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def refuse_kernel_calls(libc=None) -> bool:
+    """Install the filter in this thread (and every thread and process it starts from now on).
+
+    True if it is installed; False where it cannot be (not Linux, another
+    architecture, a kernel without seccomp filters).  Sets the
+    no-new-privileges bit first, as the kernel asks of a process without
+    ``CAP_SYS_ADMIN`` (bubblewrap has already set it there).
+    """
+    arch = platform.machine()
+    if not sys.platform.startswith("linux") or arch not in ARCHES:
+        return False
+    libc = libc or ctypes.CDLL(None, use_errno=True)
+    prctl = getattr(libc, "prctl", None)
+    if prctl is None:
+        return False
+    code = program(arch)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = _Prog(len(code) // 8, ctypes.addressof(buf))
+    ul = ctypes.c_ulong
+    if prctl(PR_SET_NO_NEW_PRIVS, ul(1), ul(0), ul(0), ul(0)) != 0:
+        return False
+    return prctl(PR_SET_SECCOMP, ul(SECCOMP_MODE_FILTER), ctypes.byref(prog), ul(0), ul(0)) == 0

@@ -1,0 +1,81 @@
+"""The job's seccomp filter (attn_course.seccomp), read instruction by instruction.
+
+A small interpreter of the classic BPF the filter uses runs it on every
+call it lists and on calls every job makes, for both architectures (aarch64
+is not run here otherwise); the numbers are compared with the kernel's own
+headers where this machine has them (Debian's ``linux-libc-dev``).  That
+the installed filter refuses them in a real job is
+``test_redteam_kernel.py``'s.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from attn_course.seccomp import ARCHES, CALLS, X32_BIT, program
+
+ALLOW, REFUSE = 0x7FFF0000, 0x00050000 | errno.EPERM
+# calls that every job makes (read, write, openat, mmap, clone, futex, exit_group), by architecture
+EVERYDAY = {"x86_64": (0, 1, 257, 9, 56, 202, 231), "aarch64": (63, 64, 56, 222, 220, 98, 94)}
+HEADERS = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+           "aarch64": Path("/usr/include/asm-generic/unistd.h")}
+
+
+def run(prog: bytes, arch: int, nr: int) -> int:
+    """What the filter answers for call ``nr`` of the convention ``arch`` (seccomp_data: nr, arch)."""
+    data = struct.pack("iI", nr, arch) + bytes(56)
+    insns = [struct.unpack_from("HBBI", prog, 8 * i) for i in range(len(prog) // 8)]
+    pc, acc = 0, 0
+    for _ in range(len(insns)):  # every jump is forward: at most one pass
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("I", data, k)[0]
+            pc += 1
+        elif code == 0x15:  # jeq #k
+            pc += 1 + (jt if acc == k else jf)
+        elif code == 0x35:  # jge #k
+            pc += 1 + (jt if acc >= k else jf)
+        elif code == 0x06:  # ret #k
+            return k
+        else:
+            raise AssertionError(f"instruction {code:#x} at {pc}")
+    raise AssertionError("the filter ran off its end")
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_the_listed_calls_are_refused_and_a_jobs_calls_are_not(arch):
+    audit, column = ARCHES[arch]
+    prog = program(arch)
+    for name, numbers in CALLS.items():
+        assert run(prog, audit, numbers[column]) == REFUSE, name
+    for nr in EVERYDAY[arch]:
+        assert run(prog, audit, nr) == ALLOW, nr
+    refused = {numbers[column] for numbers in CALLS.values()}
+    assert [nr for nr in range(460) if run(prog, audit, nr) == REFUSE] == sorted(refused)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_another_conventions_calls_are_refused_whatever_their_number(arch):
+    audit, _ = ARCHES[arch]
+    prog = program(arch)
+    for other in (0x40000003, 0x40000028, 0xC0000028, 0):  # i386, arm, riscv-ish and nonsense
+        for nr in (0, 20, 39, 172):
+            assert run(prog, other, nr) == REFUSE, (hex(other), nr)
+    if arch == "x86_64":  # x32: the native convention, with a bit set in the number
+        assert run(prog, audit, X32_BIT | 39) == REFUSE
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_the_numbers_are_the_kernels(arch):
+    header = HEADERS[arch]
+    if not header.exists():
+        pytest.skip(f"no {header} here (Debian's linux-libc-dev)")
+    known = {m.group(1): int(m.group(2))
+             for m in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", header.read_text())}
+    _, column = ARCHES[arch]
+    assert {name: numbers[column] for name, numbers in CALLS.items()} == {name: known[name] for name in CALLS}
