@@ -625,7 +625,10 @@ def _import_jax() -> None:
 
         discover = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
         if discover is not None:  # (JAX's own: it only imports and registers, it starts no backend)
-            discover()
+            try:
+                discover()
+            except Exception:  # noqa: BLE001 - an optimisation only: each child searches again, as before
+                pass
     finally:
         metadata.distributions = distributions
 
