@@ -9,9 +9,11 @@ default profile refuses most of them too.  A job's process (forked by the
 server's template, :func:`attn_course.worker._child`) installs this filter
 before it reads its job, in the grading sandboxes (bubblewrap, and limits
 only); ``check``'s Plain sandbox runs the student's own code on their own
-machine and installs none.  A refused call fails with ``EPERM``; calls of
-another architecture's convention (the 32-bit ``int 0x80`` on x86-64, x32)
-are refused as a whole, since their numbers differ.
+machine and installs none.  A refused call fails with ``EPERM``; so does a
+``clone`` that asks for a new namespace (``clone3``, whose flags a filter
+cannot read, answers ``ENOSYS``, and the C library uses ``clone``); calls
+of another architecture's convention (the 32-bit ``int 0x80`` on x86-64,
+x32) are refused as a whole, since their numbers differ.
 
 Installed only where the numbers below are known (Linux on x86-64 and
 aarch64, from the kernel's ``unistd`` headers); elsewhere
@@ -45,8 +47,14 @@ CALLS = {
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column of CALLS
 X32_BIT = 0x40000000  # x86-64's x32 calls: the same numbers with this bit
+# clone makes new namespaces too (its first argument's flags): refused with any of these, as
+# unshare is; clone3 takes its flags in memory, which a filter cannot read: it answers ENOSYS,
+# and the C library falls back to clone (Docker's default profile does the same)
+CLONE, CLONE3 = (56, 220), (435, 435)
+NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 
-_LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ...
+_ARG0 = 16  # seccomp_data.args[0]: its low 32 bits (both architectures are little-endian)
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO (| errno)
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
@@ -65,6 +73,10 @@ def program(arch: str) -> bytes:
            _insn(_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
     if arch == "x86_64":
         out += [_insn(_JGE_K, 0, 1, X32_BIT), refuse]
+    out += [_insn(_JEQ_K, 0, 1, CLONE3[column]), _insn(_RET_K, 0, 0, _ERRNO | errno.ENOSYS),
+            _insn(_JEQ_K, 0, 4, CLONE[column]),  # clone: its flags decide; another call: the list
+            _insn(_LD_W_ABS, 0, 0, _ARG0), _insn(_JSET_K, 1, 0, NAMESPACE_FLAGS),
+            _insn(_RET_K, 0, 0, _ALLOW), refuse]
     for i, nr in enumerate(numbers):  # a match jumps over the numbers left and the allow: to refuse
         out.append(_insn(_JEQ_K, len(numbers) - i, 0, nr))
     return b"".join(out + [_insn(_RET_K, 0, 0, _ALLOW), refuse])

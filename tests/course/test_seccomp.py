@@ -17,18 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from attn_course.seccomp import ARCHES, CALLS, X32_BIT, program
+from attn_course.seccomp import ARCHES, CALLS, CLONE, CLONE3, NAMESPACE_FLAGS, X32_BIT, program
 
-ALLOW, REFUSE = 0x7FFF0000, 0x00050000 | errno.EPERM
+ALLOW, REFUSE, NOSYS = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
 # calls that every job makes (read, write, openat, mmap, clone, futex, exit_group), by architecture
 EVERYDAY = {"x86_64": (0, 1, 257, 9, 56, 202, 231), "aarch64": (63, 64, 56, 222, 220, 98, 94)}
 HEADERS = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
            "aarch64": Path("/usr/include/asm-generic/unistd.h")}
 
 
-def run(prog: bytes, arch: int, nr: int) -> int:
-    """What the filter answers for call ``nr`` of the convention ``arch`` (seccomp_data: nr, arch)."""
-    data = struct.pack("iI", nr, arch) + bytes(56)
+def run(prog: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """What the filter answers for call ``nr`` of the convention ``arch`` with first argument
+    ``arg0`` (seccomp_data: nr, arch, instruction pointer, args)."""
+    data = struct.pack("<iIQQ", nr, arch, 0, arg0) + bytes(40)
     insns = [struct.unpack_from("HBBI", prog, 8 * i) for i in range(len(prog) // 8)]
     pc, acc = 0, 0
     for _ in range(len(insns)):  # every jump is forward: at most one pass
@@ -40,6 +41,8 @@ def run(prog: bytes, arch: int, nr: int) -> int:
             pc += 1 + (jt if acc == k else jf)
         elif code == 0x35:  # jge #k
             pc += 1 + (jt if acc >= k else jf)
+        elif code == 0x45:  # jset #k
+            pc += 1 + (jt if acc & k else jf)
         elif code == 0x06:  # ret #k
             return k
         else:
@@ -57,6 +60,21 @@ def test_the_listed_calls_are_refused_and_a_jobs_calls_are_not(arch):
         assert run(prog, audit, nr) == ALLOW, nr
     refused = {numbers[column] for numbers in CALLS.values()}
     assert [nr for nr in range(460) if run(prog, audit, nr) == REFUSE] == sorted(refused)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_clone_makes_no_namespace_and_clone3_is_not_there(arch):
+    """What unshare would do, by clone's flags: refused; a fork's or a thread's flags are not."""
+    audit, column = ARCHES[arch]
+    prog = program(arch)
+    fork, thread = 17, 0x3D0F00  # SIGCHLD; glibc's pthread_create flags (CLONE_VM | FS | FILES | ...)
+    assert run(prog, audit, CLONE[column], fork) == ALLOW
+    assert run(prog, audit, CLONE[column], thread) == ALLOW
+    for bit in range(32):
+        if NAMESPACE_FLAGS >> bit & 1:
+            assert run(prog, audit, CLONE[column], fork | 1 << bit) == REFUSE, hex(1 << bit)
+    assert NAMESPACE_FLAGS == 0x10000000 | 0x40000000 | 0x00020000 | 0x20000000 | 0x08000000 | 0x04000000 | 0x02000000
+    assert run(prog, audit, CLONE3[column]) == NOSYS  # the C library then uses clone
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHES))
@@ -79,3 +97,4 @@ def test_the_numbers_are_the_kernels(arch):
              for m in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", header.read_text())}
     _, column = ARCHES[arch]
     assert {name: numbers[column] for name, numbers in CALLS.items()} == {name: known[name] for name in CALLS}
+    assert (CLONE[column], CLONE3[column]) == (known["clone"], known["clone3"])
