@@ -40,16 +40,23 @@ def needs_bwrap(reason: str = "needs bubblewrap") -> None:
 
 
 @contextlib.contextmanager
-def fresh_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
-    """A started server in bubblewrap, closed after; a new one starts by itself with the next job
-    wherever an attack leaves it unclean (:func:`needs_bwrap` first)."""
-    needs_bwrap()
-    server = WorkerServer(Bubblewrap(slot, limits or Limits()))
+def started(sandbox) -> Iterator[WorkerServer]:
+    """A server started in ``sandbox`` (Plain, Limited, Bubblewrap), closed after."""
+    server = WorkerServer(sandbox)
     server.start()
     try:
         yield server
     finally:
         server.close()
+
+
+@contextlib.contextmanager
+def fresh_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
+    """A started server in bubblewrap, closed after; a new one starts by itself with the next job
+    wherever an attack leaves it unclean (:func:`needs_bwrap` first)."""
+    needs_bwrap()
+    with started(Bubblewrap(slot, limits or Limits())) as server:
+        yield server
 
 
 def bwrap_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
@@ -75,6 +82,45 @@ def spy_source(body: str) -> str:
         "        raise RuntimeError(f'left by an earlier job: {found}')\n"
         "    return _honest_entropy(A, mask)\n"
     )
+
+
+# What a probe of the kernel's calls (code added to a job's package) starts with: ``_ct``,
+# ``_os``, ``_struct`` and ``_libc`` (its ``syscall`` answering a long), and three helpers
+PROBE_HELPERS = r'''
+import ctypes as _ct, os as _os, struct as _struct
+_libc = _ct.CDLL(None, use_errno=True)
+_libc.syscall.restype = _ct.c_long
+
+
+def _in_child(attempt, seconds=5):
+    """attempt() in a forked process (one thread: unshare refuses more), ended after ``seconds``:
+    True if it returned True."""
+    pid = _os.fork()
+    if pid == 0:
+        try:
+            import signal
+            signal.alarm(seconds)
+            ok = bool(attempt())
+        except BaseException:
+            ok = False
+        _os._exit(0 if ok else 1)
+    _, status = _os.waitpid(pid, 0)
+    return _os.WIFEXITED(status) and _os.WEXITSTATUS(status) == 0
+
+
+def _reached(nr, *args):
+    """True if the raw call ran the kernel's code: anything but the seccomp filter's -1/EPERM."""
+    _ct.set_errno(0)
+    r = _libc.syscall(_ct.c_long(nr), *args)
+    return r != -1 or _ct.get_errno() != 1
+
+
+def _status(field, path="/proc/self/status"):
+    for line in open(path):
+        if line.startswith(field + ":"):
+            return line.split()[1]
+    return "?"
+'''
 
 
 def package(tmp_path, extra: str, name: str = "pkg") -> dict[str, str]:

@@ -21,37 +21,14 @@ from __future__ import annotations
 import pytest
 
 from attn_course.sandbox import Limited, Limits, Plain
-from attn_course.server import WorkerServer
-from server_jobs import fresh_server, package, spy
+from server_jobs import PROBE_HELPERS, fresh_server, package, spy, started
 
 pytestmark = pytest.mark.slow
 
-PROBE = r'''
-import ctypes as _ct, os as _os
-_libc = _ct.CDLL(None, use_errno=True)
+PROBE = PROBE_HELPERS + r'''
 _honest_entropy = entropy
 _NAMESPACES = {"user": 0x10000000, "mount": 0x00020000, "net": 0x40000000, "uts": 0x04000000,
                "ipc": 0x08000000, "pid": 0x20000000, "cgroup": 0x02000000}
-
-
-def _in_child(attempt):
-    """attempt() in a forked process, which has one thread: True if it returned True."""
-    pid = _os.fork()
-    if pid == 0:
-        try:
-            ok = bool(attempt())
-        except BaseException:
-            ok = False
-        _os._exit(0 if ok else 1)
-    _, status = _os.waitpid(pid, 0)
-    return _os.WIFEXITED(status) and _os.WEXITSTATUS(status) == 0
-
-
-def _status(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return line.split()[1]
-    return "?"
 
 
 def _escapes():
@@ -70,21 +47,18 @@ def _escapes():
         found.append("NoNewPrivs " + _status("NoNewPrivs"))
     if _status("Seccomp") != "2":
         found.append("Seccomp " + _status("Seccomp"))  # (2: a filter)
-    libc_syscall = _libc.syscall
-    libc_syscall.restype = _ct.c_long
     for name, nr, args in (("io_uring_setup", {"x86_64": 425, "aarch64": 425}, (8, _ct.create_string_buffer(120))),
                            ("keyctl", {"x86_64": 250, "aarch64": 219}, (0, _ct.c_long(-3), 0)),  # GET_KEYRING_ID
                            ("perf_event_open", {"x86_64": 298, "aarch64": 241}, (None, 0, -1, -1, 0)),
                            ("userfaultfd", {"x86_64": 323, "aarch64": 282}, (0,)),
                            ("bpf", {"x86_64": 321, "aarch64": 280}, (0, None, 0))):
         number = nr.get(_os.uname().machine)
-        # refused by the filter: -1 with EPERM; anything else (a descriptor, or the kernel's own
-        # answer to these arguments) means the call reached the kernel's code
-        if number is not None and _in_child(lambda: libc_syscall(number, *args) != -1 or _ct.get_errno() != 1):
+        # (a descriptor, or the kernel's own answer to these arguments: the call reached its code)
+        if number is not None and _in_child(lambda: _reached(number, *args)):
             found.append(name)
     if _os.uname().machine == "x86_64" and _in_child(_int80_getpid):
         found.append("int 0x80")
-    if _os.uname().machine == "x86_64" and _in_child(lambda: libc_syscall(39 | 0x40000000) == _os.getpid()):
+    if _os.uname().machine == "x86_64" and _in_child(lambda: _libc.syscall(39 | 0x40000000) == _os.getpid()):
         found.append("x32 getpid")  # (where the kernel has the x32 calls at all)
     return found
 
@@ -123,24 +97,16 @@ FILTERED = ("Seccomp", "unshare(", "chroot", "io_uring_setup", "keyctl", "perf_e
 
 def test_with_limits_only_a_job_still_gets_the_filter(tmp_path):
     """The Limited sandbox (where bubblewrap does not work) installs the same filter."""
-    server = WorkerServer(Limited(65, Limits()))
-    server.start()
-    try:
+    with started(Limited(65, Limits())) as server:
         failed = spy(server, package(tmp_path, PROBE))
-    finally:
-        server.close()
     assert all(m.startswith("raised RuntimeError: escaped:") for m in failed), failed  # the probe ran
     assert not [f for f in FILTERED if any(f in m for m in failed)], failed
 
 
 def test_the_probe_finds_them_outside_bubblewrap(tmp_path):
     """The control: in the Plain sandbox the same probe reports what it could do."""
-    server = WorkerServer(Plain(Limits()))
-    server.start()
-    try:
+    with started(Plain(Limits())) as server:
         failed = spy(server, package(tmp_path, PROBE))
-    finally:
-        server.close()
     if not failed:
         pytest.skip("this machine lets a process do none of it even outside bubblewrap")
     assert all("escaped:" in m for m in failed), failed

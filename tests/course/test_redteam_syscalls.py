@@ -29,15 +29,11 @@ from __future__ import annotations
 import pytest
 
 from attn_course.sandbox import Limited, Limits, Plain
-from attn_course.server import WorkerServer
-from server_jobs import fresh_server, package, spy
+from server_jobs import PROBE_HELPERS, fresh_server, package, spy, started
 
 pytestmark = pytest.mark.slow
 
-PROBE = r'''
-import ctypes as _ct, os as _os, struct as _struct
-_libc = _ct.CDLL(None, use_errno=True)
-_libc.syscall.restype = _ct.c_long
+PROBE = PROBE_HELPERS + r'''
 _honest_entropy = entropy
 _X86 = _os.uname().machine == "x86_64"
 _NS = {"user": 0x10000000, "user+net": 0x50000000, "mount": 0x00020000, "net": 0x40000000,
@@ -49,54 +45,31 @@ _SECCOMP = {"x86_64": 317, "aarch64": 277}.get(_os.uname().machine)
 _CLONE = {"x86_64": 56, "aarch64": 220}.get(_os.uname().machine)
 
 
-def _in_child(attempt, seconds=5):
-    """attempt() in a forked process (one thread), ended after ``seconds``: True if it returned True."""
-    pid = _os.fork()
-    if pid == 0:
-        try:
-            import signal
-            signal.alarm(seconds)
-            ok = bool(attempt())
-        except BaseException:
-            ok = False
-        _os._exit(0 if ok else 1)
-    _, status = _os.waitpid(pid, 0)
-    return _os.WIFEXITED(status) and _os.WEXITSTATUS(status) == 0
-
-
-def _reached(nr, *args):
-    """True if the call ran the kernel's code: anything but the filter's -1/EPERM."""
-    _ct.set_errno(0)
-    r = _libc.syscall(_ct.c_long(nr), *args)
-    return r != -1 or _ct.get_errno() != 1
-
-
 def _refused_reached():
     """userfaultfd(UFFD_USER_MODE_ONLY) or keyctl(GET_KEYRING_ID, session): either reaches the kernel."""
     return _reached(_UFFD, 1) or _reached(_KEYCTL, 0, _ct.c_long(-3), 0)
 
 
+def _made_child(pid):
+    """After a raw clone: the child ends at once, the parent waits for it; True if there was one."""
+    if pid == 0:
+        _os._exit(0)
+    if pid > 0:
+        _os.waitpid(pid, 0)
+    return pid > 0
+
+
 def _clone(flags):
     """clone(flags | SIGCHLD) as a raw call (a fork with new namespaces): True if a child was made."""
-    def attempt():  # (the flags come first on both architectures)
-        pid = _libc.syscall(_CLONE, _ct.c_ulong(flags | _SIGCHLD), None, None, None, None)
-        if pid == 0:
-            _os._exit(0)
-        if pid > 0:
-            _os.waitpid(pid, 0)
-        return pid > 0
-    return _in_child(attempt)
+    # (the flags come first on both architectures)
+    return _in_child(lambda: _made_child(_libc.syscall(_CLONE, _ct.c_ulong(flags | _SIGCHLD), None, None, None, None)))
 
 
 def _clone3(flags):
+    """clone3 with ``flags`` (its arguments in memory): True if a child was made."""
     def attempt():
         args = _ct.create_string_buffer(_struct.pack("11Q", flags, 0, 0, 0, _SIGCHLD, 0, 0, 0, 0, 0, 0), 88)
-        pid = _libc.syscall(435, args, _ct.c_size_t(88))
-        if pid == 0:
-            _os._exit(0)
-        if pid > 0:
-            _os.waitpid(pid, 0)
-        return pid > 0
+        return _made_child(_libc.syscall(435, args, _ct.c_size_t(88)))
     return _in_child(attempt)
 
 
@@ -121,13 +94,6 @@ def _own_filter(action, flags=0):
             _os._exit(2)
     _, status = _os.waitpid(pid, 0)
     return _os.WIFSIGNALED(status) or (_os.WIFEXITED(status) and _os.WEXITSTATUS(status) == 0)
-
-
-def _status(field, path="/proc/self/status"):
-    for line in open(path):
-        if line.startswith(field + ":"):
-            return line.split()[1]
-    return "?"
 
 
 def _undo_prctl():
@@ -320,12 +286,8 @@ def entropy(A, mask=None):
 
 
 def _plain_failures(tmp_path) -> list[str]:
-    server = WorkerServer(Plain(Limits()))
-    server.start()
-    try:
+    with started(Plain(Limits())) as server:
         return spy(server, package(tmp_path, PROBE))
-    finally:
-        server.close()
 
 
 def _codes(failed: list[str]) -> set[str]:
@@ -349,12 +311,8 @@ FILTERED = set("HPTNAUMSXRF")
 @pytest.fixture(scope="module")
 def limited_failures(tmp_path_factory):
     """The probe in the Limited sandbox, which has the filter and nothing of bubblewrap."""
-    server = WorkerServer(Limited(68, Limits()))
-    server.start()
-    try:
+    with started(Limited(68, Limits())) as server:
         return spy(server, package(tmp_path_factory.mktemp("limited"), PROBE))
-    finally:
-        server.close()
 
 
 def test_with_limits_only_no_side_door_to_a_refused_call(limited_failures):
