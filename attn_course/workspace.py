@@ -166,7 +166,19 @@ def _unfill(dest: Path, existed: bool) -> None:
 
 
 def os_reason(err: OSError) -> str:
-    """An OS error in a few words and the path it is about, for a one-line message (not a traceback)."""
+    """An OS error in a few words and the path it is about, for a one-line message (not a traceback).
+
+    ``shutil.copytree`` gathers its files' errors into one :class:`shutil.Error`
+    whose text is a list of (source, destination, message) triples: the first
+    is told, as its error and the path that could not be written.
+    """
+    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list) and err.args[0]:
+        first, more = err.args[0][0], len(err.args[0]) - 1
+        if isinstance(first, tuple) and len(first) == 3:
+            _, dst, why = (str(x) for x in first)
+            code = re.match(r"\[Errno (\d+)\] ", why)
+            what = os.strerror(int(code.group(1))) if code else why[:200]
+            return f"{what}: {dst}" + (f" (and {more} more)" if more else "")
     where = f": {err.filename}" if err.filename else ""
     return f"{err.strerror or str(err)[:200] or type(err).__name__}{where}"
 

@@ -51,11 +51,12 @@ def test_workspace_under_a_file_is_one_line(tmp_path, capsys):
     assert "cannot be made a workspace" in line and "notes.txt" in line
 
 
-@pytest.mark.parametrize("existing", [False, True])
+@pytest.mark.parametrize("existing, full_at", [(False, ".ipynb"), (True, ".ipynb"), (False, "statmech.py")])
 def test_a_workspace_that_fails_half_way_leaves_nothing_and_can_be_made_again(tmp_path, capsys, monkeypatch,
-                                                                             existing):
-    """A full disk half-way (here: at the first notebook) left a half-made workspace, which the next
-    try refused as a folder that "already has files"."""
+                                                                             existing, full_at):
+    """A full disk half-way (at the first notebook, or in the library's copy, whose errors
+    ``shutil.copytree`` gathers into a list) left a half-made workspace, which the next try refused
+    as a folder that "already has files"; the list was printed as Python's text of it."""
     import errno
     import shutil
 
@@ -65,7 +66,7 @@ def test_a_workspace_that_fails_half_way_leaves_nothing_and_can_be_made_again(tm
     real = shutil.copyfile
 
     def full(src, dst, *a, **k):
-        if str(dst).endswith(".ipynb"):
+        if str(dst).endswith(full_at):
             raise OSError(errno.ENOSPC, "No space left on device", str(dst))
         return real(src, dst, *a, **k)
 
@@ -73,6 +74,9 @@ def test_a_workspace_that_fails_half_way_leaves_nothing_and_can_be_made_again(tm
     assert cli.main(["workspace", str(dest), "--student", "s1"]) == 2
     line = _one_line_error(capsys)
     assert "No space left on device" in line and "nothing was left in it" in line
+    assert "[(" not in line and "Errno" not in line, line
+    if full_at == "statmech.py":  # the file that could not be written is named
+        assert f"No space left on device: {dest / 'attn_tensors' / 'statmech.py'}" in line, line
     assert (dest.is_dir() and not any(dest.iterdir())) if existing else not dest.exists()
     monkeypatch.setattr(workspace.shutil, "copyfile", real)
     assert cli.main(["workspace", str(dest), "--student", "s1"]) == 0
