@@ -44,7 +44,7 @@ import numpy as np
 
 from . import seccomp, values, warm
 from .inline_where import inline_where
-from .xla_cache import WORKER_COMPILER_OPTIONS
+from .xla_cache import compile_for_workers
 from .regions import exercise_of_stub
 
 MAX_MESSAGE = 400
@@ -188,7 +188,7 @@ def _run_probe(fn: Any, probe: Any, inputs: dict[str, Any]) -> Any:
 
     args = to_backend(inputs)
     try:
-        return jax.jit(lambda: probe(fn, **args), compiler_options=WORKER_COMPILER_OPTIONS)()
+        return compile_for_workers(jax.jit(lambda: probe(fn, **args)).trace().lower())()
     except NotImplementedError:
         raise  # a stub says so at once, traced or not: no need to run it op by op
     except Exception:  # noqa: BLE001 - not traceable, or a real error: the eager run says which
@@ -415,7 +415,7 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
         program = jax.jit(together).trace()
         phase("compile")
         n = sum(len(p["slots"]) for p in plans.values())
-        outs = program.lower().compile(compiler_options=WORKER_COMPILER_OPTIONS)() if n else []
+        outs = compile_for_workers(program.lower())() if n else []
     except Exception:  # noqa: BLE001 - the job as a whole cannot be compiled: each exercise as its own
         for it in items:  # program, and an exercise that cannot be one case by case
             if it.id in results:

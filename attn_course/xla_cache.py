@@ -40,15 +40,49 @@ def enable_compile_cache(path: Path | str | None = None) -> None:
 
 
 # How every program of a job is compiled, on the workers and by the trusted side
-# that fills their cache (:func:`attn_course.worker.evaluate_job`): one thread
-# each, no LLVM optimisation (a case's arrays are tiny, and a program that misses
-# the cache -- any code but the reference's -- compiles about a third faster).
-# They are given with each compilation, not as XLA_FLAGS: XLA reads XLA_FLAGS once
-# per process, when its backend starts, so a trusted process whose backend was
-# already running (a test session, a notebook) compiled with its own options
-# under the workers' flags, and no worker ever found its entries.  Options given
-# with the compilation are part of the key whatever the process read before.
-WORKER_COMPILER_OPTIONS = {"xla_cpu_multi_thread_eigen": False, "xla_backend_optimization_level": 0}
+# that fills their cache (:func:`compile_for_workers`): one thread each, no LLVM
+# optimisation (a case's arrays are tiny, and a program that misses the cache --
+# any code but the reference's -- compiles about a third faster), and XLA's older
+# emitters for fused operations instead of its MLIR-based ones (the whole
+# assignment's program of 47 exercises compiles in 1.6-2.3 CPU-s instead of
+# 3.6-4.1, to the same bits on every case of the reference: tests/course/
+# test_job_program.py).  They are given with each compilation, not as XLA_FLAGS:
+# XLA reads XLA_FLAGS once per process, when its backend starts, so a trusted
+# process whose backend was already running (a test session, a notebook)
+# compiled with its own options under the workers' flags, and no worker ever
+# found its entries.  Options given with the compilation are part of the key
+# whatever the process read before.
+WORKER_COMPILER_OPTIONS = {"xla_cpu_multi_thread_eigen": False, "xla_backend_optimization_level": 0,
+                           "xla_cpu_use_fusion_emitters": False}
+# Those that only make compiling cheaper: an XLA that no longer knows one (it refuses every
+# program that names it) compiles without it (:func:`compile_for_workers`).
+CHEAPER_ONLY = ("xla_cpu_use_fusion_emitters",)
+_options = dict(WORKER_COMPILER_OPTIONS)  # what this process's XLA accepts of them
+
+
+def compile_for_workers(lowered):
+    """``lowered`` (a JAX ``Lowered`` program) compiled with the workers' options.
+
+    Where this XLA refuses one of :data:`CHEAPER_ONLY` ("No such compile
+    option"), it is left out, for this program and the process's later ones;
+    any other error is raised.  The trusted side and the workers compile
+    through here, so that both compute the same cache keys.
+    """
+    global _options
+    try:
+        return lowered.compile(compiler_options=_options)
+    except Exception as err:  # noqa: BLE001 - JAX's runtime error: its type is JAX's own
+        text = str(err)
+        unknown = [name for name in CHEAPER_ONLY if name in _options and name in text]
+        if "No such compile option" not in text or not unknown:
+            raise
+        _options = {k: v for k, v in _options.items() if k not in unknown}
+        return lowered.compile(compiler_options=_options)
+
+
+def compiler_options() -> dict:
+    """The workers' compiler options that this process's XLA accepted so far (all, until one is refused)."""
+    return dict(_options)
 
 
 def worker_cache_dir() -> Path:
