@@ -20,13 +20,12 @@ from .diagnose import Known, explain
 from .registry import CHAPTERS, Case, Exercise, all_exercises
 from .runner import Programs, package_files, run_worker
 from . import sandbox
-from .sandbox import Limits, Plain
+from .sandbox import Limits
 from .scoring import CaseResult, ExerciseResult, Outcome, Status, grade, stubbed_exercises
-from .server import WorkerServer
+from .server import ServerError, WorkerServer, check_server
 from .text import plain
 from .worker import PACKAGE_DOES_NOT_IMPORT
 from .workspace import library_digest
-from .xla_cache import check_cache_dir
 
 
 def _read_cases(cases_dir: Path, exercises: list[Exercise]) -> dict:
@@ -124,12 +123,14 @@ def shared_error(outcomes: list[Outcome]) -> str:
 
 def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None = None,
               on_result: Callable[[ExerciseResult, str], None] | None = None,
-              backend: str = "jax") -> CheckRun:
+              backend: str = "jax", server: WorkerServer | None = None) -> CheckRun:
     """The public cases of ``exercises`` on the workspace's library, run on ``backend`` ("jax" or "mlx").
 
     ``on_result(result, library error)`` is called with each exercise's
     result as soon as it is known (a progress display); the second argument
-    is why the library does not import, or ''.
+    is why the library does not import, or ''.  ``server``: a check's worker
+    server (:func:`check_server`) already launched, so that its start overlaps
+    this process's own (the command's); closed here, as one made here is.
     """
     workspace = Path(workspace)
     public = load_cases(workspace / ".course" / "cases", exercises)
@@ -151,11 +152,14 @@ def run_check(workspace: Path, exercises: list[Exercise], limits: Limits | None 
         if on_result is not None:
             on_result(ExerciseResult(e, graded[ex_id]), broken[ex_id])
 
-    # the student's own compilation cache, one program per exercise: after an edit, the
-    # exercises whose code did not change load their programs instead of compiling them
-    server = WorkerServer(Plain(limits, check_cache_dir()))
+    server = server or check_server(limits)
     server.warm = False  # one job (or one per exercise after a crash): no later child to warm for
     try:
+        if server.proc is not None:  # launched by the caller: ready once its imports are done
+            try:
+                server.wait_ready()
+            except ServerError:  # (it is killed): the job starts a new one, and says if that fails too
+                pass
         run_worker(server, files, [(e, public[e.id].cases) for e in exercises], limits, on_result=score,
                    backend=backend, programs=Programs.EXERCISE)
     finally:

@@ -60,13 +60,26 @@ def cmd_workspace(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from . import sandbox
+    from .server import check_server
+
+    limits = sandbox.GRADING_LIMITS
+    # the worker server starts first: its imports (Python, NumPy, JAX: most of a short check's
+    # time) run while this process imports its own and reads the workspace
+    server = check_server(limits)
+    server.launch()
+    try:
+        return _check(args, limits, server)
+    finally:
+        server.close()
+
+
+def _check(args, limits, server) -> int:
     from .check import progress_line, report, run_check
     from .registry import select
-    from . import sandbox
 
     ws = _workspace(args)
     chosen = select(args.spec)
-    limits = sandbox.GRADING_LIMITS
     said: list[str] = []
 
     def show(result, library_error: str) -> None:  # one line per exercise as it finishes
@@ -77,7 +90,7 @@ def cmd_check(args) -> int:
     on = " on MLX" if args.backend == "mlx" else ""
     print(f"Checking {len(chosen)} exercise{'s' * (len(chosen) != 1)} on their public cases{on} "
           f"(at most {limits.per_exercise_s:g} s each, as in grading)...", file=sys.stderr, flush=True)
-    run = run_check(ws, chosen, limits, on_result=show, backend=args.backend)
+    run = run_check(ws, chosen, limits, on_result=show, backend=args.backend, server=server)
     print(report(run.results, verbose=not args.quiet, limit_s=run.limits.per_exercise_s,
                  library_error=run.library_error, errors=run.errors))
     _show_progress(ws, run)
@@ -332,20 +345,24 @@ def _instructor_errors() -> tuple[type[Exception], ...]:
     return (LatePolicyError, ClusterError, OutputFolderError)
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors a command reports in one line (a bad workspace, region, token, option)."""
+    from .identity import IdentityError
+    from .regions import RegionError
+    from .workspace import WorkspaceError
+
+    return (WorkspaceError, RegionError, IdentityError, *_instructor_errors())
+
+
 def main(argv: list[str] | None = None) -> int:
     from .quick_imports import skip_iri_parsers
 
     skip_iri_parsers()  # a command that reads notebooks skips 1.8 s of parsers it never uses
     args = build_parser().parse_args(argv)
-    from .regions import RegionError
-    from .identity import IdentityError
-    from .workspace import WorkspaceError
-
     try:
         return args.func(args)
-    except (WorkspaceError, KeyError, FileNotFoundError, RegionError, IdentityError,
-            *_instructor_errors()) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+    except (KeyError, FileNotFoundError, *_user_errors()) as err:  # (imported only now: `check` launches
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err  # its worker before NumPy)
         print(f"attn-course: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,7 +32,9 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
-from .sandbox import Sandbox
+from . import sandbox as _sandbox
+from .sandbox import Limits, Sandbox
+from .xla_cache import check_cache_dir
 
 MAX_LINE = 32 * 2**20  # one message (a job's line) at most
 STOP_WAIT_S = 2.0  # how long a server has to end a stopped job and answer (stop_job)
@@ -275,3 +277,11 @@ class WorkerServer:
                 and isinstance(obj["tail"], str) and type(obj["clean"]) is bool):
             return Done(obj["done"], obj["tail"][:400], obj["clean"])
         return "bad"
+
+
+def check_server(limits: Limits | None = None) -> WorkerServer:
+    """``attn-course check``'s worker server, not started: the student's own code, unconfined
+    (:class:`attn_course.sandbox.Plain`), with the student's own compilation cache, one program per
+    exercise (after an edit, the exercises whose code did not change load their programs instead
+    of compiling them).  Its module imports no NumPy: the command launches it before its own imports."""
+    return WorkerServer(_sandbox.Plain(limits or _sandbox.GRADING_LIMITS, check_cache_dir()))

@@ -243,6 +243,32 @@ BLOCK_CATALOGUE = ("import sys; sys.modules['attn_course.mistakes'] = None; "  #
                    "from attn_course.cli import main; sys.exit(main())")
 
 
+# `check` with the moment its worker server is launched recorded: whether NumPy was imported yet
+LAUNCH_FIRST = ("import sys\n"
+                "from attn_course import server\n"
+                "launch = server.WorkerServer.launch\n"
+                "def recorded(self):\n"
+                "    print('numpy imported at launch:', 'numpy' in sys.modules, file=sys.stderr)\n"
+                "    launch(self)\n"
+                "server.WorkerServer.launch = recorded\n"
+                "from attn_course.cli import main\n"
+                "sys.exit(main())\n")
+
+
+def test_check_launches_its_worker_before_its_own_imports(ws):
+    """The worker server's start (Python, NumPy and JAX: most of a short check's time) overlaps
+    the command's own imports and reading of the workspace: it is launched before NumPy is
+    imported, once, and the check is the same."""
+    _replace_stub(ws, "statmech", "3.1", ANSWER_3_1)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, "-c", LAUNCH_FIRST, "check", "3.1"], cwd=ws, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count("numpy imported at launch:") == 1, r.stderr
+    assert "numpy imported at launch: False" in r.stderr, r.stderr
+    assert "[ PASS] Exercise 3.1" in r.stdout, r.stdout
+
+
 @pytest.mark.slow
 def test_check_names_a_catalogued_mistake_without_the_catalogue(ws):
     from attn_course.mistakes import for_exercise

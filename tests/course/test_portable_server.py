@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from attn_course import ROOT, check, workspace
+from attn_course import ROOT, check, sandbox, workspace
 from attn_course.registry import all_exercises
 from attn_course.runner import Programs, package_files, run_worker
 from attn_course.sandbox import GRADING_LIMITS, Plain
@@ -95,7 +95,7 @@ def _state(pid: int) -> str:
 def test_check_grades_without_linuxs_own_calls(tmp_path, monkeypatch):
     ws = workspace.create(tmp_path / "ws", "s7654321")
     chapter = [e for e in all_exercises().values() if e.id.startswith("3.")]
-    monkeypatch.setattr(check, "Plain", NotLinux)
+    monkeypatch.setattr(sandbox, "Plain", NotLinux)  # what check_server makes its server with
     for path in (ws / "attn_tensors").rglob("*.py"):  # the reference library, every stub answered
         path.write_bytes((ROOT / path.relative_to(ws)).read_bytes())
     done = check.run_check(ws, chapter)
