@@ -257,7 +257,9 @@ def test_this_xla_accepts_every_worker_option():
 
     lowered, _ = _lowered_job([all_exercises()["3.2"]])
     xla_cache.compile_for_workers(lowered)
-    assert xla_cache.compiler_options() == xla_cache.WORKER_COMPILER_OPTIONS
+    dropped = set(xla_cache.WORKER_COMPILER_OPTIONS) - set(xla_cache.compiler_options())
+    assert not dropped, (f"this XLA does not know {sorted(dropped)}: programs compile without it (slower); "
+                         "measure the compile time again and update WORKER_COMPILER_OPTIONS")
 
 
 def test_an_option_this_xla_does_not_know_is_left_out_and_nothing_else(monkeypatch):
