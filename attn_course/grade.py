@@ -550,15 +550,15 @@ def main_grade(args) -> int:
                require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend,
                scheduler=getattr(args, "scheduler", None), late=late)
     if g.use_bwrap is not False and not g.scheduler:  # on a cluster, each worker decides (and reports)
-        from .sandbox import bwrap_works
+        from .sandbox import bwrap_works, limits_only_reach
 
         if not bwrap_works():
             if args.notebooks:
                 print("attn-course: --notebooks needs bubblewrap (the Debian package bubblewrap): "
                       "notebook code is not run without it", file=sys.stderr)
                 return 2
-            print("warning: bubblewrap is not available; workers run with limits only and can read "
-                  "what this user can read (install the Debian package bubblewrap)", file=sys.stderr)
+            print(f"warning: bubblewrap is not available; workers run with limits only {limits_only_reach()} "
+                  "(install the Debian package bubblewrap)", file=sys.stderr)
     results = g.run(Path(args.submissions), regrade=args.regrade)
     best = latest_by_student(results)
     if args.nbgrader or args.notebooks:

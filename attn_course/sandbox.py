@@ -10,7 +10,8 @@ fresh child per job.  A :class:`Sandbox` says how that server is started:
     resource limits only (CPU seconds, address space, file size, open files,
     processes, no core dumps), a scrubbed environment, a private scratch
     folder and, when the grader is root, no network.  It can read what the
-    grader's user can read: the grader warns.
+    grader's user can read (as root: every file, and devices such as
+    ``/dev/kvm``): the grader warns (:func:`limits_only_reach`).
 ``Bubblewrap``
     the grading sandbox.  Everything is read-only (the system, the Python
     environment, the worker's few course modules bound at a neutral path:
@@ -346,6 +347,17 @@ class Limited:
 
     def processes_refused(self) -> int:
         return self.groups.refused()
+
+
+def limits_only_reach(as_root: bool | None = None) -> str:
+    """What a job run with limits only (:class:`Limited`) can reach, for the grader's warning:
+    what the grader's user can read and, when that user is root, every file and some devices
+    (creating virtual machines through ``/dev/kvm``, network interfaces through ``/dev/net/tun``)."""
+    root = os.geteuid() == 0 if as_root is None else as_root
+    if not root:
+        return "and can read what this user can read"
+    return ("as root: they can read every file of this machine and open its devices "
+            "(/dev/kvm, /dev/net/tun); grade as an ordinary user")
 
 
 def bwrap_works() -> bool:

@@ -344,3 +344,29 @@ def test_the_probe_finds_the_side_doors_outside_the_sandbox(tmp_path):
         expect |= set("C3")
     missing = expect - _codes(failed)
     assert not missing, (missing, failed)
+
+
+def test_the_graders_warning_names_what_limits_only_leave_in_reach(limited_failures, tmp_path, monkeypatch, capsys):
+    """With limits only, a job opens what the grader's user opens.  Run as root, that is every
+    file and the devices the probe reached here (KVM, TUN, ...): the grader's warning says so,
+    and says to grade as an ordinary user; otherwise it says the user's files."""
+    import os
+
+    from attn_course import cli, sandbox
+
+    text = sandbox.limits_only_reach()
+    if os.geteuid() == 0:
+        assert "every file" in text and "ordinary user" in text, text
+        if limited_failures and "D" in _codes(limited_failures):  # the probe opened devices here
+            assert "/dev/kvm" in text, (text, limited_failures)
+    else:
+        assert text == sandbox.limits_only_reach(as_root=False)
+    assert "/dev/kvm" in sandbox.limits_only_reach(as_root=True)
+    assert "/dev" not in sandbox.limits_only_reach(as_root=False)
+
+    (tmp_path / "subs").mkdir()
+    monkeypatch.setattr(sandbox, "bwrap_works", lambda: False)
+    monkeypatch.setenv("ATTN_COURSE_SECRET", "warning-secret")
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--exercises", "3.1"]) == 0
+    err = capsys.readouterr().err
+    assert f"workers run with limits only {text}" in err, err
