@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -206,41 +207,35 @@ def test_a_copy_forked_by_the_submission_reports_nothing(tmp_path):
 # -- the workers' compiler options (attn_course.xla_cache) -----------------------------------
 
 
-def _lowered_job(exercises, secret="options-secret"):
-    """The lowered program of a job of the reference's ``exercises`` (as evaluate_job builds it)."""
-    import jax
-
-    from attn_course import xla_cache
+def _lowered_job(exercises, monkeypatch, secret="options-secret"):
+    """The lowered program of a job of the reference's ``exercises``, as evaluate_job builds it."""
+    import attn_course.worker as worker
 
     seen = []
-    real = xla_cache.compile_for_workers
+    real = worker.compile_for_workers
 
     def keep(lowered):
         seen.append(lowered)
         return real(lowered)
 
-    items = [JobItem(e.id, e.probe, [c.inputs for c in e.make_cases(True, secret)],
-                     [c.eager for c in e.make_cases(True, secret)]) for e in exercises]
+    monkeypatch.setattr(worker, "compile_for_workers", keep)
+    cases = {e.id: e.make_cases(True, secret) for e in exercises}
+    items = [JobItem(e.id, e.probe, [c.inputs for c in cases[e.id]], [c.eager for c in cases[e.id]])
+             for e in exercises]
     functions = {e.id: resolve(e.function) for e in exercises}
-    import attn_course.worker as worker
-
-    worker.compile_for_workers, saved = keep, worker.compile_for_workers
-    try:
-        evaluate_job(items, lambda ex_id: (functions[ex_id], None))
-    finally:
-        worker.compile_for_workers = saved
+    evaluate_job(items, lambda ex_id: (functions[ex_id], None))
     assert len(seen) == 1, "one program for the job"
-    return seen[0], jax
+    return seen[0]
 
 
 @pytest.mark.parametrize("chapter", [3, 7])
-def test_the_older_fusion_emitters_give_the_reference_the_same_bits(chapter):
+def test_the_older_fusion_emitters_give_the_reference_the_same_bits(chapter, monkeypatch):
     """The workers compile with XLA's older emitters for fusions (about half the compile time); every
     output of the reference's job program is the same to the last bit as with XLA's default ones."""
     from attn_course.xla_cache import WORKER_COMPILER_OPTIONS
 
     assert WORKER_COMPILER_OPTIONS.get("xla_cpu_use_fusion_emitters") is False
-    lowered, jax = _lowered_job([e for e in all_exercises().values() if e.chapter == chapter])
+    lowered = _lowered_job([e for e in all_exercises().values() if e.chapter == chapter], monkeypatch)
     default = {k: v for k, v in WORKER_COMPILER_OPTIONS.items() if k != "xla_cpu_use_fusion_emitters"}
     ours = [np.asarray(x) for x in jax.tree.leaves(lowered.compile(compiler_options=WORKER_COMPILER_OPTIONS)())]
     theirs = [np.asarray(x) for x in jax.tree.leaves(lowered.compile(compiler_options=default)())]
@@ -250,12 +245,12 @@ def test_the_older_fusion_emitters_give_the_reference_the_same_bits(chapter):
         assert np.array_equal(a, b, equal_nan=True), (i, a, b)
 
 
-def test_this_xla_accepts_every_worker_option():
+def test_this_xla_accepts_every_worker_option(monkeypatch):
     """If a newer XLA drops one (this fails), grading still works without it (next test), but the
     programs compile more slowly: measure again and update WORKER_COMPILER_OPTIONS."""
     from attn_course import xla_cache
 
-    lowered, _ = _lowered_job([all_exercises()["3.2"]])
+    lowered = _lowered_job([all_exercises()["3.2"]], monkeypatch)
     xla_cache.compile_for_workers(lowered)
     dropped = set(xla_cache.WORKER_COMPILER_OPTIONS) - set(xla_cache.compiler_options())
     assert not dropped, (f"this XLA does not know {sorted(dropped)}: programs compile without it (slower); "
@@ -265,7 +260,7 @@ def test_this_xla_accepts_every_worker_option():
 def test_an_option_this_xla_does_not_know_is_left_out_and_nothing_else(monkeypatch):
     from attn_course import xla_cache
 
-    lowered, jax = _lowered_job([all_exercises()["3.2"]])
+    lowered = _lowered_job([all_exercises()["3.2"]], monkeypatch)
     made_up = "xla_cpu_option_no_xla_has"
     monkeypatch.setattr(xla_cache, "CHEAPER_ONLY", xla_cache.CHEAPER_ONLY + (made_up,))
     monkeypatch.setattr(xla_cache, "_options", {**xla_cache._options, made_up: True})
