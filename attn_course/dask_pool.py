@@ -338,7 +338,8 @@ class DaskPool:
 
     def check_workers(self) -> int:
         """The number of worker threads; refuses a cluster whose workers lack this package, the
-        grader's secret, or (for ``--notebooks``) a working bubblewrap."""
+        grader's secret, or (for ``--notebooks``) a working bubblewrap; warns where jobs would run
+        with limits only or without their filter of kernel calls."""
         deadline = time.monotonic() + 120
         while not self.client.scheduler_info().get("workers"):
             if time.monotonic() > deadline:
@@ -350,6 +351,7 @@ class DaskPool:
             raise ClusterError(f"{len(wrong)} of {len(prints)} Dask workers have another course secret or none "
                                f"(set ATTN_COURSE_SECRET where the workers start), e.g. {wrong[0]}")
         self._check_sandboxes()
+        self._check_filters()
         return sum(w.get("nthreads", 1) for w in self.client.scheduler_info()["workers"].values())
 
     def _check_sandboxes(self) -> None:
@@ -369,6 +371,18 @@ class DaskPool:
                                "(install the Debian package bubblewrap on the worker nodes)")
         self.grader.log(f"warning: {which}; they run submissions with limits only, which can read what the "
                         "workers' user can read (install the Debian package bubblewrap on the worker nodes)")
+
+    def _check_filters(self) -> None:
+        """As locally: a warning where a worker's jobs would run without their filter of kernel
+        calls (:func:`~attn_course.seccomp.filter_problem`, asked on every worker)."""
+        from .seccomp import filter_problem, unfiltered_warning
+
+        problems = self._on_every_worker(filter_problem)
+        without = sorted(w for w, problem in problems.items() if problem)
+        if without:
+            problem = terminal(str(problems[without[0]]), 300)
+            self.grader.log(f"warning: on {len(without)} of {len(problems)} Dask workers (e.g. {without[0]}), "
+                            f"{unfiltered_warning(problem)}")
 
     def grade(self, todo: list[Path]) -> Iterator[tuple[Path, ArchiveResult]]:
         """Yields ``(archive, result)`` as each archive finishes, on whichever worker."""

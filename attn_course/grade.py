@@ -559,6 +559,12 @@ def main_grade(args) -> int:
                 return 2
             print(f"warning: bubblewrap is not available; workers run with limits only {limits_only_reach()} "
                   "(install the Debian package bubblewrap)", file=sys.stderr)
+    if not g.scheduler:  # (on a cluster, each worker is asked: DaskPool.check_workers)
+        from .seccomp import filter_problem, unfiltered_warning
+
+        problem = filter_problem()
+        if problem:
+            print(f"warning: {unfiltered_warning(problem)}", file=sys.stderr)
     results = g.run(Path(args.submissions), regrade=args.regrade)
     best = latest_by_student(results)
     if args.nbgrader or args.notebooks:

@@ -17,7 +17,9 @@ x32) are refused as a whole, since their numbers differ.
 
 Installed only where the numbers below are known (Linux on x86-64 and
 aarch64, from the kernel's ``unistd`` headers); elsewhere
-:func:`refuse_kernel_calls` says that it did nothing.
+:func:`refuse_kernel_calls` says that it did nothing.  Jobs then run without
+the filter; the grader says so before a batch (:func:`filter_problem`, which
+a short-lived child of the grader's answers, on each Dask worker too).
 """
 
 from __future__ import annotations
@@ -108,3 +110,59 @@ def refuse_kernel_calls(libc=None) -> bool:
     if prctl(PR_SET_NO_NEW_PRIVS, ul(1), ul(0), ul(0), ul(0)) != 0:
         return False
     return prctl(PR_SET_SECCOMP, ul(SECCOMP_MODE_FILTER), ctypes.byref(prog), ul(0), ul(0)) == 0
+
+
+# what a probe's exit status means (filter_problem; 0: the filter took and refused a listed call)
+_PROBE_PROBLEMS = {
+    1: "this system has no seccomp filter for its kind of processor",
+    3: "the kernel did not take the filter (a kernel without seccomp filters, or one forbidden here)",
+    4: "the kernel took the filter but still answered a call the filter refuses",
+}
+
+
+def filter_problem(timeout_s: float = 20.0) -> str | None:
+    """Why a job's process on this machine would run without the filter, or None when it would not.
+
+    Where the filter is known (:func:`refuse_kernel_calls`), a short-lived
+    child process installs it and makes a listed call (``unshare`` of
+    nothing, which succeeds unfiltered): the grader's own process, which
+    could never take the filter off again, is left as it was.
+    """
+    import subprocess
+
+    arch = platform.machine()
+    if not sys.platform.startswith("linux"):
+        return f"not Linux ({sys.platform}): this system has no seccomp filters"
+    if arch not in ARCHES:
+        return f"no filter for this processor ({arch}); known: {', '.join(sorted(ARCHES))}"
+    try:
+        r = subprocess.run([sys.executable, "-S", "-I", __file__, "--probe"], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"the probe of the filter did not run ({type(err).__name__})"
+    if r.returncode == 0:
+        return None
+    return _PROBE_PROBLEMS.get(r.returncode, f"the probe of the filter failed (exit status {r.returncode})")
+
+
+def unfiltered_warning(problem: str) -> str:
+    """The grader's warning where jobs run without the filter (``problem``: :func:`filter_problem`'s)."""
+    return (f"jobs run without their filter of kernel calls ({problem}): io_uring, BPF, perf_event_open, "
+            "ptrace and the keyrings stay within their reach, as in an unfiltered process")
+
+
+def _probe() -> int:
+    """In a child of :func:`filter_problem`: 0 if the filter is installed and refuses ``unshare``."""
+    arch = platform.machine()
+    if not sys.platform.startswith("linux") or arch not in ARCHES:
+        return 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not refuse_kernel_calls(libc):
+        return 3
+    nr = CALLS["unshare"][ARCHES[arch][1]]
+    answered = libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(0))  # unshare(0): a no-op unfiltered
+    return 0 if answered == -1 and ctypes.get_errno() == errno.EPERM else 4
+
+
+if __name__ == "__main__":  # (run by filter_problem, as a script: it imports nothing of the course)
+    sys.exit(_probe() if sys.argv[1:] == ["--probe"] else 2)

@@ -10,7 +10,8 @@ one thread), chapter 3's exercise 3.5 only, at most two archives graded.
 * a cluster whose workers lack this package gave a traceback of a bare ``Exception``;
 * ``--notebooks`` on workers without a working bubblewrap ran notebook code with limits only,
   silently (the local grader refuses it), and a library batch there had no warning; a worker
-  that joins after the grader's check refuses such a task itself;
+  that joins after the grader's check refuses such a task itself; nor did a batch on workers
+  whose jobs would run without their filter of kernel calls;
 * ``--jobs 0`` was taken as 1, and ``--scheduler ''`` graded on this machine, silently.
 """
 
@@ -119,11 +120,21 @@ def test_workers_without_the_package_are_refused_by_name(secret_env, tmp_path, c
     assert not list((tmp_path / "out").glob("results/*.json"))
 
 
+# a worker node whose jobs would run without their filter of kernel calls (another processor, a
+# kernel without seccomp filters: here, its probe's answer), loaded before the worker starts
+NO_FILTER = '''
+import attn_course.seccomp as _seccomp
+_seccomp.filter_problem = lambda timeout_s=20.0: "no filter for this processor (riscv64)"
+'''
+
+
 def test_notebooks_need_bubblewrap_on_the_workers_too(secret_env, tmp_path):
     """A worker node without bubblewrap (here: none on its PATH) never runs notebook code with
-    limits only, as the local grader never does; a library batch there is warned about."""
+    limits only, as the local grader never does; a library batch there is warned about.  So is
+    a node whose jobs would run without their filter of kernel calls (the same node, here)."""
     subs = _honest(tmp_path / "submitted", "ok.zip", "on-time")
-    with _cluster(env={"PATH": str(tmp_path / "no-bin")}) as c:
+    (tmp_path / "no_filter.py").write_text(NO_FILTER)
+    with _cluster(env={"PATH": str(tmp_path / "no-bin")}, preload=[str(tmp_path / "no_filter.py")]) as c:
         g = Grader(tmp_path / "out", "3.5", jobs=1, limits=LIMITS, log=lambda *a: None, notebooks=True,
                    scheduler=c.scheduler_address)
         with pytest.raises(ClusterError, match="--notebooks needs bubblewrap: 1 of 1 Dask workers"):
@@ -137,6 +148,8 @@ def test_notebooks_need_bubblewrap_on_the_workers_too(secret_env, tmp_path):
         finally:
             pool.shutdown()
     assert any(line.startswith("warning: 1 of 1 Dask workers") and "bubblewrap" in line for line in lines), lines
+    assert any(line.startswith("warning: on 1 of 1 Dask workers") and "without their filter of kernel calls "
+               "(no filter for this processor (riscv64))" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("jobs", ["0", "-3"])

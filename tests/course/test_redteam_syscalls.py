@@ -370,3 +370,20 @@ def test_the_graders_warning_names_what_limits_only_leave_in_reach(limited_failu
     assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--exercises", "3.1"]) == 0
     err = capsys.readouterr().err
     assert f"workers run with limits only {text}" in err, err
+
+
+def test_the_grader_warns_where_jobs_would_run_without_their_filter(tmp_path, monkeypatch, capsys):
+    """Another processor, a kernel without seccomp filters: jobs run unfiltered (best effort),
+    and the grade command says so before its batch, with the reason; silent where the filter
+    works (this machine's, seccomp.filter_problem)."""
+    from attn_course import cli, seccomp
+
+    (tmp_path / "subs").mkdir()
+    monkeypatch.setenv("ATTN_COURSE_SECRET", "warning-secret")
+    argv = ["grade", str(tmp_path / "subs"), "--exercises", "3.1"]
+    assert cli.main(argv + ["--out", str(tmp_path / "a")]) == 0
+    assert "filter of kernel calls" not in capsys.readouterr().err
+    monkeypatch.setattr(seccomp, "filter_problem", lambda: "no filter for this processor (riscv64)")
+    assert cli.main(argv + ["--out", str(tmp_path / "b")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: jobs run without their filter of kernel calls (no filter for this processor (riscv64))" in err

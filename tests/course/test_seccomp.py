@@ -5,7 +5,8 @@ call it lists and on calls every job makes, for both architectures (aarch64
 is not run here otherwise); the numbers are compared with the kernel's own
 headers where this machine has them (Debian's ``linux-libc-dev``).  That
 the installed filter refuses them in a real job is
-``test_redteam_kernel.py``'s.
+``test_redteam_kernel.py``'s.  Last, the probe that tells the grader whether
+this machine's jobs get the filter at all (its warning where they do not).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from attn_course import seccomp
 from attn_course.seccomp import ARCHES, CALLS, CLONE, CLONE3, NAMESPACE_FLAGS, X32_BIT, program
 
 ALLOW, REFUSE, NOSYS = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
@@ -98,3 +100,61 @@ def test_the_numbers_are_the_kernels(arch):
     _, column = ARCHES[arch]
     assert {name: numbers[column] for name, numbers in CALLS.items()} == {name: known[name] for name in CALLS}
     assert (CLONE[column], CLONE3[column]) == (known["clone"], known["clone3"])
+
+
+# -- whether this machine's jobs get the filter: the grader's warning (seccomp.filter_problem) ----------
+
+def test_this_machine_takes_the_filter_and_it_refuses_a_listed_call():
+    """Linux on x86-64 or aarch64 (CI's): a child installs the filter and is refused ``unshare``."""
+    import platform
+    import sys
+
+    if not sys.platform.startswith("linux") or platform.machine() not in ARCHES:
+        pytest.skip(f"no filter for {sys.platform} on {platform.machine()}")
+    assert seccomp.filter_problem() is None
+
+
+def test_a_probe_whose_filter_refuses_nothing_says_so():
+    """The probe checks the refusal itself: a filter that was said to be installed but was not
+    (here: the install replaced by a no-op) is exit status 4, not a filter that works."""
+    import subprocess
+    import sys
+
+    code = ("import attn_course.seccomp as s\n"
+            "s.refuse_kernel_calls = lambda libc=None: True\n"
+            "raise SystemExit(s._probe())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4, r.stderr
+    assert "still answered" in seccomp._PROBE_PROBLEMS[4]
+
+
+@pytest.mark.parametrize(("system", "machine", "expect"), [
+    ("darwin", "arm64", "not Linux (darwin)"),
+    ("linux", "s390x", "no filter for this processor (s390x); known: aarch64, x86_64"),
+])
+def test_a_system_without_the_filter_is_named(monkeypatch, system, machine, expect):
+    import platform
+    import sys
+
+    monkeypatch.setattr(sys, "platform", system)
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    assert seccomp.filter_problem().startswith(expect)
+
+
+@pytest.mark.parametrize(("status", "expect"), [(3, "the kernel did not take the filter"),
+                                                (4, "still answered a call"),
+                                                (9, "exit status 9")])
+def test_a_failed_probe_is_named_by_what_it_found(monkeypatch, tmp_path, status, expect):
+    """The probe's child (here a stand-in for the interpreter that exits as the probe would)."""
+    import platform
+    import sys
+
+    if not sys.platform.startswith("linux") or platform.machine() not in ARCHES:
+        pytest.skip("the probe's child runs only where a filter is known")
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!/bin/sh\nexit {status}\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    problem = seccomp.filter_problem()
+    assert problem is not None and expect in problem, problem
+    assert problem in seccomp.unfiltered_warning(problem)
