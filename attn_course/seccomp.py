@@ -112,9 +112,10 @@ def refuse_kernel_calls(libc=None) -> bool:
     return prctl(PR_SET_SECCOMP, ul(SECCOMP_MODE_FILTER), ctypes.byref(prog), ul(0), ul(0)) == 0
 
 
-# what a probe's exit status means (filter_problem; 0: the filter took and refused a listed call)
+# what a probe's exit status means (filter_problem; 0: the filter took and refused a listed call;
+# 1 and 2 are Python's own, for an exception and for a bad command line)
 _PROBE_PROBLEMS = {
-    1: "this system has no seccomp filter for its kind of processor",
+    5: "this system has no seccomp filter for its kind of processor",
     3: "the kernel did not take the filter (a kernel without seccomp filters, or one forbidden here)",
     4: "the kernel took the filter but still answered a call the filter refuses",
 }
@@ -155,7 +156,7 @@ def _probe() -> int:
     """In a child of :func:`filter_problem`: 0 if the filter is installed and refuses ``unshare``."""
     arch = platform.machine()
     if not sys.platform.startswith("linux") or arch not in ARCHES:
-        return 1
+        return 5
     libc = ctypes.CDLL(None, use_errno=True)
     if not refuse_kernel_calls(libc):
         return 3
