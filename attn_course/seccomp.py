@@ -115,7 +115,6 @@ def refuse_kernel_calls(libc=None) -> bool:
 # what a probe's exit status means (filter_problem; 0: the filter took and refused a listed call;
 # 1 and 2 are Python's own, for an exception and for a bad command line)
 _PROBE_PROBLEMS = {
-    5: "this system has no seccomp filter for its kind of processor",
     3: "the kernel did not take the filter (a kernel without seccomp filters, or one forbidden here)",
     4: "the kernel took the filter but still answered a call the filter refuses",
 }
@@ -153,14 +152,12 @@ def unfiltered_warning(problem: str) -> str:
 
 
 def _probe() -> int:
-    """In a child of :func:`filter_problem`: 0 if the filter is installed and refuses ``unshare``."""
-    arch = platform.machine()
-    if not sys.platform.startswith("linux") or arch not in ARCHES:
-        return 5
+    """In a child of :func:`filter_problem` (which names another system or processor itself):
+    0 if the filter is installed and refuses ``unshare``."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if not refuse_kernel_calls(libc):
+    if not refuse_kernel_calls(libc):  # (False on another system or processor too)
         return 3
-    nr = CALLS["unshare"][ARCHES[arch][1]]
+    nr = CALLS["unshare"][ARCHES[platform.machine()][1]]
     answered = libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(0))  # unshare(0): a no-op unfiltered
     return 0 if answered == -1 and ctypes.get_errno() == errno.EPERM else 4
 
