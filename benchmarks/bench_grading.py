@@ -13,7 +13,10 @@ Core-seconds are measured as the CPU time the kernel charged to the
 benchmark and every process it started (a cgroup, :mod:`_cpu`), so other
 work on the machine does not inflate them; where no cgroup can be made they
 are estimated as wall x workers (and nbgrader's as its wall time).  The
-ratio is taken on the measured figures where both have them.
+ratio is taken on the measured figures where both have them.  The 100
+archives' wall time is printed with the machine's pace just before them
+(``_cpu.pace``: the CPU time of a fixed piece of JAX work), so that runs of
+different hours of a shared machine can be compared.
 
 The class's set-up is timed apart from the archives, and printed: the
 reference's expected values on the class's cases and the worker servers
@@ -60,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cpu import CpuMeter  # noqa: E402
+from _cpu import CpuMeter, pace  # noqa: E402
 
 from attn_course import diagnose  # noqa: E402
 from attn_course.archive import build_archive, library_files  # noqa: E402
@@ -270,12 +273,14 @@ def main() -> None:
     meter = CpuMeter()
     ratios: list[float] = []
     try:
+        pace_before = pace()  # (before the meter starts: not in any figure)
         wall, _, measured = bench_ours(a.n, a.jobs, meter)
         if a.dask:
             for workers in (1, 2):
                 bench_dask(a.n, workers)
         budget = 30.0 * a.n / 100
-        print(f"target: {a.n} within {budget:g} s -> {'met' if wall <= budget else 'NOT met'} ({wall:.1f} s)")
+        print(f"target: {a.n} within {budget:g} s -> {'met' if wall <= budget else 'NOT met'} ({wall:.1f} s;"
+              f" machine pace {pace_before:.2f} CPU s just before, benchmarks/_cpu.pace)")
         for r in range(1, max(1, a.rounds) + 1):
             print(f"round {r}:")
             ours = ours_per_further_submission(a.n, a.jobs, meter)

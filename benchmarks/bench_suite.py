@@ -10,7 +10,9 @@ on 2 cores.  The first run after a change of the course's code is partly
 cold (the result cache's keys cover that code): run it twice and read the
 second.  Timings on a shared machine vary by about 10 s from run to run, and
 by more from hour to hour (236 s and 260 s the same day, on code of the same
-cost).
+cost).  So it also prints the machine's pace beside it (:func:`_cpu.pace`:
+the CPU time of a fixed piece of JAX work, before and after the suite), and
+the suite's wall and CPU time in paces, which compare runs of different hours.
 
     python benchmarks/bench_suite.py [--workers 2] [--top 12] [--save pytest.log] [--record]
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cpu import CpuMeter  # noqa: E402
+from _cpu import CpuMeter, pace  # noqa: E402
 
 TARGET_S = 240.0
 DURATION = re.compile(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+?)::")
@@ -50,6 +52,7 @@ def main() -> int:
     env = dict(os.environ, ATTN_REQUIRE_MLX="1", ATTN_REQUIRE_BWRAP="1", PYTHONHASHSEED="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as the Makefile: bytecode caches are written
+    before = pace()
     meter = CpuMeter("attn-bench-suite")
     try:
         meter.start()
@@ -81,6 +84,10 @@ def main() -> int:
     if cpu is not None:
         cores = os.cpu_count() or 1
         print(f"  CPU {cpu:.0f} core-s (measured), {100 * cpu / (wall * cores):.0f}% of {cores} cores")
+    after = pace()
+    mean = (before + after) / 2
+    print(f"  machine pace (_cpu.pace, CPU s of a fixed workload): {before:.2f} before, {after:.2f} after;"
+          f" the suite's wall is {wall / mean:.0f} paces" + (f", its CPU {cpu / mean:.0f}" if cpu is not None else ""))
     for f, s in per_file.most_common(a.top):
         print(f"  {s:6.1f} s  {f}")
     if a.record and r.returncode == 0:
