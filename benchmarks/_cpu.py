@@ -72,12 +72,14 @@ PACE_WORKLOAD = (
 )
 
 
-def pace(runs: int = 3) -> float:
+def pace(runs: int = 5) -> float:
     """The median CPU seconds (user + system) of :data:`PACE_WORKLOAD` over ``runs`` fresh interpreters.
 
     The same code has cost 30-60% more CPU time in a slow hour of a shared
-    machine than in a quiet one: a benchmark's figure divided by the pace
-    measured beside it compares runs of different hours."""
+    machine than in a quiet one.  The pace is a rough guide to which kind of
+    hour a benchmark ran in, not a correction: a short sample, it moved by
+    10-20% from minute to minute on the same machine (1.83-2.37 s in six
+    samples over one minute)."""
     import resource
     import statistics
     import subprocess

@@ -15,8 +15,8 @@ work on the machine does not inflate them; where no cgroup can be made they
 are estimated as wall x workers (and nbgrader's as its wall time).  The
 ratio is taken on the measured figures where both have them.  The 100
 archives' wall time is printed with the machine's pace just before them
-(``_cpu.pace``: the CPU time of a fixed piece of JAX work), so that runs of
-different hours of a shared machine can be compared.
+(``_cpu.pace``: the CPU time of a fixed piece of JAX work), a rough guide to
+which kind of hour of a shared machine the run fell in.
 
 The class's set-up is timed apart from the archives, and printed: the
 reference's expected values on the class's cases and the worker servers

@@ -12,7 +12,8 @@ second.  Timings on a shared machine vary by about 10 s from run to run, and
 by more from hour to hour (236 s and 260 s the same day, on code of the same
 cost).  So it also prints the machine's pace beside it (:func:`_cpu.pace`:
 the CPU time of a fixed piece of JAX work, before and after the suite), and
-the suite's wall and CPU time in paces, which compare runs of different hours.
+the suite's wall and CPU time in paces: a rough guide to the hour, not a
+correction (see :func:`_cpu.pace`).
 
     python benchmarks/bench_suite.py [--workers 2] [--top 12] [--save pytest.log] [--record]
 """
