@@ -63,6 +63,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# One BLAS thread for both sides, as the grader's workers have (attn_course.sandbox.worker_env):
+# nbgrader, its kernels and this grader's own process are given it too, so that the ratio is
+# not won by a setting nbgrader could have as well (before anything imports NumPy)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from _cpu import CpuMeter, pace  # noqa: E402
 
 from attn_course import diagnose  # noqa: E402
