@@ -8,7 +8,9 @@ links, no encryption, stored or deflated only, sizes and CRC exactly as
 declared, bounded sizes and compression ratio; the manifest matches
 :data:`MANIFEST_FIELDS` exactly (types, lengths, no other field), names a
 valid student id and this assignment, and lists exactly the files present
-with their SHA-256.  Anything else rejects the whole archive with a short
+with their SHA-256; the library's sources are UTF-8 with no other encoding
+declared, and no package hides a module (:func:`_check_sources`: what is
+read and compared is what runs).  Anything else rejects the whole archive with a short
 printable reason (:class:`Rejected`); :func:`read_submission` raises
 nothing else, whatever the bytes.
 
@@ -19,6 +21,8 @@ so that a size or CRC that lies is caught rather than trusted.
 
 from __future__ import annotations
 
+import codecs
+import functools
 import hashlib
 import io
 import json
@@ -336,9 +340,58 @@ def _read_submission(path: Path, assignment: str) -> Submission:
     for name, content in files.items():
         if hashlib.sha256(content).hexdigest() != listed[name]:
             raise Rejected(f"manifest: the hash of {name} does not match its content (tampered archive)")
+    _check_sources(files)
     sub.student_id, sub.manifest, sub.files = manifest["student_id"], manifest, files
     sub.token = manifest.get("token")
     return sub
+
+
+# PEP 263: an encoding declaration in a comment on the first or second line of a source file
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+@functools.cache
+def _release_modules() -> frozenset[str]:
+    """The released library's modules, as paths without ``.py`` (``attn_tensors/statmech``)."""
+    from . import RELEASE_LIBRARY
+
+    return frozenset(name[:-3] for name in library_files(RELEASE_LIBRARY))
+
+
+def _check_sources(files: Mapping[str, bytes]) -> None:
+    """The library's sources are read as Python reads them, and run as they are listed.
+
+    What graders, the similarity report and a reviewer read must be what runs:
+    a source is UTF-8 text with no encoding declaration but UTF-8's (a
+    ``coding: unicode_escape`` line makes Python run code that every other
+    reader sees as one comment), and no package hides a module of the same
+    name, in the archive or the release (Python imports ``statmech/__init__.py``
+    rather than ``statmech.py``).
+    """
+    sources = {name: data for name, data in files.items() if name.startswith("attn_tensors/")}
+    for name, data in sources.items():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise Rejected(f"{name} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+        for line in data.splitlines()[:2]:
+            m = _CODING.match(line)
+            if m is None:
+                continue
+            declared = m.group(1).decode("ascii", "replace")
+            try:
+                known = codecs.lookup(declared).name
+            except LookupError:
+                known = ""
+            if known not in ("utf-8", "utf-8-sig"):
+                raise Rejected(f"{name} declares the encoding {_show(declared, 40)}: only UTF-8 sources are "
+                               "accepted (remove that line)")
+    modules = _release_modules() | {name[:-3] for name in sources}
+    for name in sorted(sources):
+        if name.endswith("/__init__.py") and name[:-len("/__init__.py")] in modules:
+            package = name[:-len("/__init__.py")]
+            raise Rejected(f"{package}/ is a package that hides the module {package}.py (Python would run "
+                           "the package, not the module): keep each module one file")
 
 
 def overlay(sub: Submission, release: Mapping[str, str]) -> dict[str, str]:

@@ -429,3 +429,50 @@ def test_rejection_reasons_quote_names_in_printable_ascii(tmp_path):
     evil = "attn_tensors/" + "\u202e\x1b]8;;http://x\x07" * 40 + ".py"
     msg = rejected(write(tmp_path, _with(_listed(evil, PY))), "unsafe path")
     assert len(msg) < 200 and "\x1b" not in msg and "\u202e" not in msg
+
+
+# -- what is read (graders, the similarity report, a reviewer) is what runs -----------------------
+
+SMUGGLED = b"\\ndef f(x):\\n    return x + 1\\n"  # runs as code under unicode_escape; a comment to any other reader
+
+
+@pytest.mark.parametrize("head", [b"# -*- coding: unicode_escape -*-\n# ", b"# coding=utf-7\n# ",
+                                  b"#!/usr/bin/env python\n# vim: set fileencoding=latin-1 :\n# ",
+                                  b"# coding: no-such-codec\n# "])
+def test_a_source_that_declares_another_encoding_is_rejected(tmp_path, head):
+    source = head + SMUGGLED
+    if b"unicode_escape" in head:  # the attack is real: Python runs what reads as a comment
+        namespace: dict = {}
+        exec(compile(source, "statmech.py", "exec"), namespace)
+        assert namespace["f"](1) == 2
+        assert all(line.startswith("#") for line in source.decode("utf-8").splitlines())  # as read: comments
+    files = {**FILES, "attn_tensors/statmech.py": source}
+    with pytest.raises(Rejected, match="declares the encoding .*only UTF-8"):
+        read_submission(build_archive(tmp_path / "a.zip", "s1", files))
+
+
+@pytest.mark.parametrize("cookie", [b"# -*- coding: utf-8 -*-\n", b"# coding: UTF8\n", b"# vim: fileencoding=utf_8\n"])
+def test_a_utf8_encoding_declaration_is_accepted(tmp_path, cookie):
+    files = {**FILES, "attn_tensors/statmech.py": cookie + PY}
+    assert read_submission(build_archive(tmp_path / "a.zip", "s1", files)).files == files
+
+
+def test_a_source_that_is_not_utf8_is_rejected(tmp_path):
+    files = {**FILES, "attn_tensors/statmech.py": b"x = '\xe9t\xe9'\n"}  # Latin-1 bytes
+    with pytest.raises(Rejected, match="statmech.py is not UTF-8 text"):
+        read_submission(build_archive(tmp_path / "a.zip", "s1", files))
+
+
+@pytest.mark.parametrize("files", [
+    {"attn_tensors/statmech/__init__.py": PY},  # hides the release's statmech.py (left as the stub)
+    {"attn_tensors/statmech.py": PY, "attn_tensors/statmech/__init__.py": PY},
+    {"attn_tensors/helper.py": PY, "attn_tensors/helper/__init__.py": PY},  # a module of the archive's own
+], ids=["release-module", "both-submitted", "own-module"])
+def test_a_package_that_hides_a_module_is_rejected(tmp_path, files):
+    with pytest.raises(Rejected, match="is a package that hides the module"):
+        read_submission(build_archive(tmp_path / "a.zip", "s1", {**FILES, **files}))
+
+
+def test_a_new_package_that_hides_nothing_is_accepted(tmp_path):
+    files = {**FILES, "attn_tensors/helpers/__init__.py": PY, "attn_tensors/helpers/more.py": PY}
+    assert read_submission(build_archive(tmp_path / "a.zip", "s1", files)).files == files
