@@ -8,7 +8,10 @@ side without running anything (:func:`attn_course.archive.read_submission`).
 Only what a student wrote counts: for each library module, the lines that
 differ from the released stub (:data:`attn_course.RELEASE_LIBRARY`: the
 signatures, docstrings and given code are identical for everyone), and the
-stub's own fingerprints are removed as boilerplate.  That code is normalised
+stub's own fingerprints are removed as boilerplate; the whole library is
+compared too (:data:`WHOLE`: every module's code and every file the release
+does not have, together), so that code moved to another module or file is
+found.  That code is normalised
 (tokenised; names become ``V``/``F``/``O``, strings ``S``: copydetect's
 ``filter_code``), cut into k-grams and winnowed (Schleimer, Wilkerson and
 Aiken 2003; ``copydetect``).  A pair's similarity in a module is, for each of
@@ -46,6 +49,11 @@ MAX_CODE = 100_000  # characters of one module's student code considered
 MAX_LINES = 5_000  # lines of one module's student code considered (bounds difflib's cost)
 MAX_SHOWN = 200  # pairs in the report
 SHOW_CHARS = 20_000  # characters of code shown per side in the HTML view
+WHOLE = "attn_tensors (all modules)"
+"""The pseudo-module of a student's whole library: the code of every module, and every file the
+release does not have, together.  Code moved to another module, or to a file of the student's own
+(imported from where the stub is), is compared there; a pair is listed under it only when no single
+module lists the two students already."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,7 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # copydetect warns on tiny files
     n = len(codes)
     common = common if common is not None else max(10, n // 10)
-    report = SimilarityReport(n, len(stubs), threshold)
+    report = SimilarityReport(n, len(stubs) - (WHOLE in stubs), threshold)
     for module, stub in sorted(stubs.items()):
         boiler = _fingerprint(module, stub, None).hashes
         prints = {}
@@ -144,6 +152,8 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
                 report.pairs.append(Pair(a, b, module, float(sa), float(sb), int(tokens),
                                          tuple(zip(map(int, la[0]), map(int, la[1]))),
                                          tuple(zip(map(int, lb[0]), map(int, lb[1])))))
+    by_module = {(p.a, p.b) for p in report.pairs if p.module != WHOLE}
+    report.pairs = [p for p in report.pairs if p.module != WHOLE or (p.a, p.b) not in by_module]
     report.pairs.sort(key=lambda p: (-p.similarity, p.module, p.a, p.b))
     return report
 
@@ -165,7 +175,10 @@ def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: P
             continue
         codes[sid] = {m: student_code(sub.files[m].decode("utf-8", "replace"), stub)
                       for m, stub in stubs.items() if m in sub.files}
-    return codes, stubs, skipped
+        own = [sub.files[m].decode("utf-8", "replace")[:MAX_CODE] for m in sorted(sub.files)
+               if m.startswith("attn_tensors/") and m not in stubs]
+        codes[sid][WHOLE] = "\n".join([code for _, code in sorted(codes[sid].items())] + own)[:4 * MAX_CODE]
+    return codes, {**stubs, WHOLE: ""}, skipped
 
 
 def report_markdown(rep: SimilarityReport) -> str:

@@ -100,3 +100,30 @@ def test_cli(tmp_path):
                         "--threshold", "0.5"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1 pairs at or above 50% among 4 students" in r.stdout, r.stdout
+
+
+def test_a_copy_moved_to_another_module_or_a_new_file_is_found(tmp_path):
+    """What runs is compared, wherever it is: the copy in a file the release does not have (imported
+    from statmech.py) or in another module is found under the whole library; a pair already listed
+    for a module is not listed again."""
+    from attn_course.similarity import WHOLE
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    imported = _with_31("    from attn_tensors._mine import lpf\n    return lpf(S, mask, T, xp)\n")
+    other = "attn_tensors/attention.py"
+    moved = dict(imported, **{"attn_tensors/_mine.py": ("def lpf(S, mask, T, xp):\n" + RENAMED).encode()})
+    elsewhere = dict(imported, **{other: STUB[other] + ("\n\ndef lpf(S, mask, T, xp):\n" + RENAMED).encode()})
+    elsewhere = {k: v.replace(b"attn_tensors._mine", b"attn_tensors.attention") for k, v in elsewhere.items()}
+    who = {"ada": _with_31(ORIGINAL), "bea": _with_31(RENAMED), "cy": _with_31(OTHER), "eve": moved, "fay": elsewhere}
+    results = []
+    for sid, files in who.items():
+        build_archive(subs / f"{sid}.zip", sid, files)
+        results.append(ArchiveResult(f"{sid}.zip", "", "fp", ["3.1"], received=1.0, student_id=sid, identity="ok"))
+    rep = write_similarity(tmp_path / "grading", subs, results, threshold=0.6)
+    pairs = {(p.a, p.b, p.module) for p in rep.pairs}
+    assert ("ada", "bea", MODULE) in pairs and ("ada", "bea", WHOLE) not in pairs, pairs
+    for a, b in (("ada", "eve"), ("ada", "fay"), ("bea", "eve"), ("bea", "fay")):
+        assert (a, b, WHOLE) in pairs, (a, b, pairs)
+    assert not any("cy" in (p.a, p.b) for p in rep.pairs), pairs
+    assert rep.modules == len(STUB)
