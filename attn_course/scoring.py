@@ -93,6 +93,7 @@ class CaseResult:
     message: str = ""
     hidden: bool = False
     checks_error: bool = False  # the reference raises here: the case checks that bad input is refused
+    trivial: bool = False  # an answer of zeros passes it (a limit whose value and gradient are 0)
 
 
 @dataclass
@@ -116,21 +117,24 @@ class ExerciseResult:
     @property
     def score(self) -> float:
         """The scoring policy: points x the share of graded cases passed, where a case
-        that checks an error counts only as far as the value cases do.
+        that checks an error, or that an answer of zeros passes, counts only as far as
+        the other value cases do.
 
         The graded cases are the hidden ones (all cases where none are hidden).  With
-        ``v`` the fraction of graded *value* cases passed, each passed error case
-        (bad input must raise) earns at most ``v`` of a case: a wrong formula whose
-        input checks are right scores 0, never the share of its error cases, and a
-        right formula that forgets a check loses that case's share.
+        ``v`` the fraction of the graded value cases passed that zeros do not pass,
+        each passed error case (bad input must raise) and each passed *trivial* case
+        (the reference's value and gradient are 0 there, as in a limit) earns at most
+        ``v`` of a case: a wrong formula whose input checks are right, or an answer
+        that returns zeros, scores 0, never the share of those cases; a right formula
+        that forgets a check loses that case's share.
         """
         graded = [c for c in self.cases if c.hidden] or self.cases
         if not graded:
             return 0.0
-        values = [c for c in graded if not c.checks_error]
-        errors = [c for c in graded if c.checks_error]
+        values = [c for c in graded if not (c.checks_error or c.trivial)]
+        others = [c for c in graded if c.checks_error or c.trivial]
         v = sum(c.passed for c in values) / len(values) if values else 1.0
-        earned = sum(c.passed for c in values) + v * sum(c.passed for c in errors)
+        earned = sum(c.passed for c in values) + v * sum(c.passed for c in others)
         return self.exercise.points * earned / len(graded)
 
 
@@ -279,13 +283,24 @@ Diagnose = Callable[[Exercise, Case, dict, dict], str]  # (ex, case, got, expect
 def compare(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: bool,
             own_stub: bool = False, known: frozenset[str] = frozenset(),
             diagnose: Diagnose | None = None, backend: str = "jax") -> CaseResult:
-    """One case's verdict; ``checks_error`` marks the cases where the reference raises.
+    """One case's verdict; ``checks_error`` marks the cases where the reference raises,
+    ``trivial`` those that an answer of zeros passes (:attr:`ExerciseResult.score`).
 
     ``backend``: the framework ``got`` was computed with (its :func:`tolerance`).
     """
     result = _verdict(ex, case, expected, got, hidden, own_stub, known, diagnose, backend)
     result.checks_error = expected.status == "raised"
+    result.trivial = _zeros_pass(ex, expected, backend)
     return result
+
+
+def _zeros_pass(ex: Exercise, expected: Outcome, backend: str) -> bool:
+    """Whether an answer of zeros (each array the reference returns, of its shape and dtype) passes."""
+    exp = expected.value or {}
+    if expected.status != "ok" or not exp:
+        return False
+    zeros = {k: np.zeros_like(np.asarray(v)) for k, v in exp.items()}
+    return not compare_values(exp, zeros, ex.rtol, ex.atol, show=False, tol=lambda dtype: tolerance(ex, backend, dtype))
 
 
 def _verdict(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: bool,

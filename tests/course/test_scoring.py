@@ -15,7 +15,7 @@ def _cases(n_values: int, n_errors: int) -> tuple[list[Case], list[Outcome]]:
     cases, expected = [], []
     for k in range(n_values):
         cases.append(Case(f"value{k}", {}))
-        expected.append(Outcome("ok", {"value": np.full((2, 2), float(k))}))
+        expected.append(Outcome("ok", {"value": np.full((2, 2), float(k + 1))}))  # (zeros pass none)
     for k in range(n_errors):
         cases.append(Case(f"error{k}", {}))
         expected.append(Outcome("raised", type="AttentionInputError"))
@@ -79,3 +79,34 @@ def test_public_cases_are_scored_only_without_hidden_ones():
     hidden = grade(EX, cases, expected, _answers(expected, 2, 0), hidden=True)
     assert ExerciseResult(EX, public + hidden).score == pytest.approx(EX.points)
     assert ExerciseResult(EX, public).score == 0.0
+
+
+def test_a_case_that_zeros_pass_counts_only_as_far_as_the_others():
+    """A limit whose value and gradient are 0 (huge scores, a constant metric) is passed by an
+    answer of zeros: it earns a wrong answer nothing, and a right one its full share."""
+    cases = [Case("limit", {}), Case("plain", {}), Case("other", {})]
+    expected = [Outcome("ok", {"value": np.zeros((2, 2)), "grad_S": np.zeros((2, 2))}),
+                Outcome("ok", {"value": np.full((2, 2), 2.0), "grad_S": np.ones((2, 2))}),
+                Outcome("ok", {"value": np.full((2, 2), 3.0), "grad_S": np.ones((2, 2))})]
+    zeros = [Outcome("ok", {k: np.zeros_like(v) for k, v in e.value.items()}) for e in expected]
+    results = grade(EX, cases, expected, zeros, hidden=True)
+    assert [(r.passed, r.trivial) for r in results] == [(True, True), (False, False), (False, False)]
+    assert ExerciseResult(EX, results).score == 0.0
+    assert ExerciseResult(EX, grade(EX, cases, expected, expected, hidden=True)).score == EX.points
+    half = expected[:2] + zeros[2:]  # the limit and one of the two others right: 1 + 1/2 of 3 cases
+    assert ExerciseResult(EX, grade(EX, cases, expected, half, hidden=True)).score == pytest.approx(EX.points * 1.5 / 3)
+
+
+@pytest.mark.slow
+def test_an_answer_of_zeros_earns_nothing_anywhere():
+    """Every exercise, on its hidden cases: an answer that returns zeros of the reference's shapes
+    (or zeros where the reference raises) scores 0; the reference's own answer scores full marks."""
+    from attn_course.runner import reference_results
+
+    for ex in all_exercises().values():
+        cases = ex.make_cases(True, "zeros-earn-nothing")
+        expected = reference_results(ex, cases)
+        zeros = [Outcome("ok", {k: np.zeros_like(np.asarray(v)) for k, v in e.value.items()}) if e.status == "ok"
+                 else Outcome("ok", {"value": np.zeros(1)}) for e in expected]
+        assert ExerciseResult(ex, grade(ex, cases, expected, zeros, hidden=True)).score == 0.0, ex.id
+        assert ExerciseResult(ex, grade(ex, cases, expected, expected, hidden=True)).score == ex.points, ex.id
