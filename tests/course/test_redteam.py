@@ -113,7 +113,8 @@ HOSTILE = {
                         "        os.unlink(p); os.symlink('/etc/passwd', p)\n"
                         "    return A[..., 0]\n", ["3.2"], ""),
     "background_process": ("import subprocess\ndef heat_capacity(S, mask=None, T=1.0):\n"
-                           "    subprocess.Popen(['sleep', '4242'], start_new_session=True)\n"
+                           "    try:\n        subprocess.Popen(['sleep', '4242'], start_new_session=True)\n"
+                           "    except OSError:\n        subprocess.Popen(['sleep', '4242'])\n"
                            "    return S[..., 0]\n", ["3.4"], ""),
 }
 

@@ -72,9 +72,11 @@ HOSTILE = {
                                      "    except OSError:\n        pass\n"
                                      "return _wrong()"), ["3.2"]),
     "a3_daemon": (_wrap("3.3", "import os, time, subprocess\n"
-                               "subprocess.Popen(['sleep', '4343'], start_new_session=True)\n"
+                               "try:\n    subprocess.Popen(['sleep', '4343'], start_new_session=True)\n"
+                               "except OSError:  # setsid refused (the seccomp filter)\n"
+                               "    subprocess.Popen(['sleep', '4343'])\n"
                                "if os.fork() == 0:\n"
-                               "    os.setsid()\n"
+                               "    try:\n        os.setsid()\n    except OSError:\n        pass\n"
                                "    if os.fork() == 0:\n"
                                "        for i in range(10**6):\n"
                                "            try:\n"
@@ -163,6 +165,16 @@ HOSTILE = {
                                                 "        except ImportError:\n"
                                                 "            pass\n"
                                                 "    return False\n"), ["3.5"]),
+    # -- the other slots' share of the CPU ----------------------------------------------------
+    # the kernel shares the CPU between sessions (autogroups): spinners that each start a session
+    # of their own would take the other slot's share (red team: an honest archive lost 3.3 at its
+    # time limit); the job's filter refuses setsid, so all its processes stay in one session
+    "g1_new_session": (_wrap("3.2", IF_LEAK, "import os\ndef _leak():\n"
+                                            "    pid = os.fork()\n"
+                                            "    if pid == 0:  # (the job's own process already leads a session)\n"
+                                            "        try:\n            os.setsid()\n            os._exit(0)\n"
+                                            "        except OSError:\n            os._exit(1)\n"
+                                            "    return os.waitpid(pid, 0)[1] == 0\n"), ["3.2"]),
     # -- the server and the results channel ----------------------------------------------------
     # A job's parent is the template it was forked from (not init: it can be signalled; the server,
     # init of its sandbox, cannot). The stopper stops it, sleeps past its limit and loses 3.3 (not

@@ -63,7 +63,10 @@ ODD_STATES = """
 import ctypes as _ct, os as _os, signal as _signal, subprocess as _sp, threading as _th, time as _time
 def log_partition_function(S, mask=None, T=1.0):
     libc = _ct.CDLL(None, use_errno=True)
-    p = _sp.Popen(['sleep', '4242'], start_new_session=True)
+    try:
+        p = _sp.Popen(['sleep', '4242'], start_new_session=True)
+    except OSError:  # setsid refused (the seccomp filter): in the job's session
+        p = _sp.Popen(['sleep', '4242'])
     _os.kill(p.pid, _signal.SIGSTOP)                      # stopped
     if _os.fork() == 0:                                   # stopped under ptrace (its tracer: the job)
         libc.ptrace(0, 0, 0, 0)
@@ -72,11 +75,13 @@ def log_partition_function(S, mask=None, T=1.0):
     if _os.fork() == 0:                                   # a zombie nobody reaps
         _os._exit(0)
     if _os.fork() == 0:                                   # a zombie thread-group leader, a live thread
-        _os.setsid()
+        try: _os.setsid()  # (refused by the filter: the job's session then)
+        except OSError: pass
         _th.Thread(target=_time.sleep, args=(4242,)).start()
         libc.syscall(60 if _os.uname().machine == 'x86_64' else 93, 0)  # exit this thread only
     if _os.fork() == 0:                                   # a subreaper that ignores what it can
-        _os.setsid()
+        try: _os.setsid()  # (refused by the filter: the job's session then)
+        except OSError: pass
         libc.prctl(36, 1, 0, 0, 0)
         for s in (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGINT):
             _signal.signal(s, _signal.SIG_IGN)
@@ -113,7 +118,10 @@ import os as _os, subprocess as _sp, time as _time
 def log_partition_function(S, mask=None, T=1.0):
     open('/tmp/hop.sh', 'w').write('sleep 0.002\\n/bin/sh /tmp/hop.sh &\\nexit 0\\n')
     for _ in range(2):
-        _sp.Popen(['/bin/sh', '/tmp/hop.sh'], start_new_session=True)
+        try:
+            _sp.Popen(['/bin/sh', '/tmp/hop.sh'], start_new_session=True)
+        except OSError:  # setsid refused (the seccomp filter): in the job's session
+            _sp.Popen(['/bin/sh', '/tmp/hop.sh'])
     while True:
         _time.sleep(1)
 """

@@ -178,7 +178,8 @@ STOP_AND_LEAVE = """
 import os as _os, signal as _signal, time as _time
 _t = _os.getppid()
 if _os.fork() == 0:          # continues the template just before the server's 0.25 s look, for ever
-    _os.setsid()
+    try: _os.setsid()  # (refused by the filter: the job's session then)
+    except OSError: pass
     while True:
         _time.sleep(0.2)
         _os.kill(_t, _signal.SIGCONT)
@@ -209,7 +210,8 @@ KILL_TEMPLATE_LATE = """
 import os as _os, signal as _signal, time as _time
 _t = _os.getppid()
 if _os.fork() == 0:          # outlives the child by a moment: kills the template as the server cleans up
-    _os.setsid()
+    try: _os.setsid()  # (refused by the filter: the job's session then)
+    except OSError: pass
     _time.sleep(0.0)
     while True:
         try:

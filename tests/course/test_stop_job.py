@@ -30,9 +30,13 @@ EX = all_exercises()
 PLANTER = """
 import os as _os, subprocess as _sp, time as _time
 def log_partition_function(S, mask=None, T=1.0):
-    _sp.Popen(['sleep', '4242'], start_new_session=True)
+    try:
+        _sp.Popen(['sleep', '4242'], start_new_session=True)
+    except OSError:  # setsid refused (the seccomp filter): in the job's session
+        _sp.Popen(['sleep', '4242'])
     if _os.fork() == 0:
-        _os.setsid()
+        try: _os.setsid()  # (refused by the filter: the job's session then)
+        except OSError: pass
         if _os.fork() == 0:
             while True:
                 try:
