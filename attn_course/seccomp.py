@@ -8,7 +8,9 @@ module calls.  Those are where escapes from sandboxes came from; Docker's
 default profile refuses most of them too.  It also refuses ``setsid``: the
 kernel shares the CPU between sessions (autogroups), and processes of a job
 that each led a session of their own would take the other slots' share (the
-job's own process leads its session already, before the filter).  A job's process (forked by the
+job's own process leads its session already, before the filter); and
+memory that no address-space limit counts (``memfd_create``, ``memfd_secret``,
+System V's ``shmget``: a job held 2.5 GB of memfds beside its 3 GB limit).  A job's process (forked by the
 server's template, :func:`attn_course.worker._child`) installs this filter
 before it reads its job, in the grading sandboxes (bubblewrap, and limits
 only); ``check``'s Plain sandbox runs the student's own code on their own
@@ -49,6 +51,7 @@ CALLS = {
     "kexec_load": (246, 104), "kexec_file_load": (320, 294), "reboot": (169, 142),
     "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "syslog": (103, 116),
     "sethostname": (170, 161), "setdomainname": (171, 162), "setsid": (112, 157),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447), "shmget": (29, 194),
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column of CALLS
 X32_BIT = 0x40000000  # x86-64's x32 calls: the same numbers with this bit

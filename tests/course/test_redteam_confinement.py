@@ -175,6 +175,13 @@ HOSTILE = {
                                             "        try:\n            os.setsid()\n            os._exit(0)\n"
                                             "        except OSError:\n            os._exit(1)\n"
                                             "    return os.waitpid(pid, 0)[1] == 0\n"), ["3.2"]),
+    # memory that no address-space limit counts: memfds and System V segments (red team: a job held
+    # 2.5 GB of memfds beside its 3 GB limit); the filter refuses them
+    "g2_uncounted_memory": (_wrap("3.4", IF_LEAK, "import ctypes, os\ndef _leak():\n"
+                                                 "    try:\n        os.close(os.memfd_create('m', 0))\n        return True\n"
+                                                 "    except OSError:\n        pass\n"
+                                                 "    return ctypes.CDLL(None).shmget(0, 1 << 20, 0o1600) >= 0\n"),
+                            ["3.4"]),
     # -- the server and the results channel ----------------------------------------------------
     # A job's parent is the template it was forked from (not init: it can be signalled; the server,
     # init of its sandbox, cannot). The stopper stops it, sleeps past its limit and loses 3.3 (not
