@@ -10,8 +10,8 @@ declared, bounded sizes and compression ratio; the manifest matches
 valid student id and this assignment, and lists exactly the files present
 with their SHA-256; the library's sources are UTF-8 with no other encoding
 declared, and no package hides a module (:func:`_check_sources`: what is
-read and compared is what runs).  Anything else rejects the whole archive with a short
-printable reason (:class:`Rejected`); :func:`read_submission` raises
+read and compared is what runs).  Anything else rejects the whole archive
+with a short printable reason (:class:`Rejected`); :func:`read_submission` raises
 nothing else, whatever the bytes.
 
 The file is read once into memory; its hash, the zip directory and every
@@ -30,6 +30,7 @@ import os
 import re
 import stat
 import struct
+import tokenize
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -346,10 +347,6 @@ def _read_submission(path: Path, assignment: str) -> Submission:
     return sub
 
 
-# PEP 263: an encoding declaration in a comment on the first or second line of a source file
-_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
-
-
 @functools.cache
 def _release_modules() -> frozenset[str]:
     """The released library's modules, as paths without ``.py`` (``attn_tensors/statmech``)."""
@@ -374,18 +371,15 @@ def _check_sources(files: Mapping[str, bytes]) -> None:
             data.decode("utf-8")
         except UnicodeDecodeError as err:
             raise Rejected(f"{name} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
-        for line in data.splitlines()[:2]:
-            m = _CODING.match(line)
-            if m is None:
-                continue
-            declared = m.group(1).decode("ascii", "replace")
-            try:
-                known = codecs.lookup(declared).name
-            except LookupError:
-                known = ""
-            if known not in ("utf-8", "utf-8-sig"):
-                raise Rejected(f"{name} declares the encoding {_show(declared, 40)}: only UTF-8 sources are "
-                               "accepted (remove that line)")
+        try:  # the encoding Python reads the file with (PEP 263's declaration, or a BOM)
+            declared = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+            known, what = codecs.lookup(declared).name, f"the encoding {_show(declared, 40)}"
+        except (SyntaxError, LookupError) as err:  # an unknown encoding, or a BOM beside another one
+            text = str(err)
+            known, what = "", (f"the encoding {_show(text.rsplit(': ', 1)[-1], 40)}" if "unknown" in text
+                               else "an encoding other than its UTF-8 byte-order mark")
+        if known not in ("utf-8", "utf-8-sig"):
+            raise Rejected(f"{name} declares {what}: only UTF-8 sources are accepted (remove that line)")
     modules = _release_modules() | {name[:-3] for name in sources}
     for name in sorted(sources):
         if name.endswith("/__init__.py") and name[:-len("/__init__.py")] in modules:

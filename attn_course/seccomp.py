@@ -10,8 +10,8 @@ kernel shares the CPU between sessions (autogroups), and processes of a job
 that each led a session of their own would take the other slots' share (the
 job's own process leads its session already, before the filter); and
 memory that no address-space limit counts (``memfd_create``, ``memfd_secret``,
-System V's ``shmget``: a job held 2.5 GB of memfds beside its 3 GB limit).  A job's process (forked by the
-server's template, :func:`attn_course.worker._child`) installs this filter
+System V's ``shmget``: a job held 2.5 GB of memfds beside its 3 GB limit).
+A job's process (forked by the server's template, :func:`attn_course.worker._child`) installs this filter
 before it reads its job, in the grading sandboxes (bubblewrap, and limits
 only); ``check``'s Plain sandbox runs the student's own code on their own
 machine and installs none.  A refused call fails with ``EPERM``; so does a
