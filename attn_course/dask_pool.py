@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from .archive import Rejected, _archive_bytes
 from .results import ArchiveResult
+from .run_dir import run_dir
 from .sandbox import Limits
 from .text import terminal
 
@@ -262,7 +263,7 @@ def grade_task(config: TaskConfig, name: str, data: bytes, received: float,
     with _slot(config) as (wg, slot):
         if left is not None:
             wg.grader.warm_after_job(slot, left, slots)
-        with tempfile.TemporaryDirectory(prefix="attn-dask-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="archive-", dir=run_dir()) as tmp:
             path = Path(tmp) / name
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as f:

@@ -36,7 +36,6 @@ tooling is the only thing put on the path, read-only.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import signal
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import ROOT
+from .run_dir import run_dir
 
 COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and nothing else
 
@@ -63,8 +63,9 @@ _STAGED: dict[str, str] = {}
 def worker_course() -> str:
     """A read-only copy of the modules a worker needs (made once per process), to bind into a sandbox."""
     source = ROOT / "attn_course"
-    if str(source) not in _STAGED:
-        dest = Path(tempfile.mkdtemp(prefix="attn-worker-course-")) / "attn_course"
+    key = f"{source}:{os.getpid()}"  # a forked child's copy is its own, as its folder is
+    if key not in _STAGED:
+        dest = Path(tempfile.mkdtemp(prefix="worker-course-", dir=run_dir())) / "attn_course"
         (dest / "specs").mkdir(parents=True)
         for name in WORKER_MODULES:
             shutil.copyfile(source / name, dest / name)
@@ -76,9 +77,8 @@ def worker_course() -> str:
                 os.chmod(f, 0o444)
             os.chmod(path, 0o555)
         os.chmod(dest.parent, 0o755)
-        _STAGED[str(source)] = str(dest)
-        atexit.register(_rmtree, str(dest.parent))
-    return _STAGED[str(source)]
+        _STAGED[key] = str(dest)  # removed with the process's folder
+    return _STAGED[key]
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Plain:
 
     def server_command(self):
         self.cleanup()
-        self._scratch = tempfile.mkdtemp(prefix="attn-check-")
+        self._scratch = tempfile.mkdtemp(prefix="check-", dir=run_dir())
         env = worker_env(self._scratch, self.cache)
         return _server_argv(str(ROOT), self._scratch, confined=False), env  # the student's own code
 
@@ -333,7 +333,7 @@ class Limited:
 
     def server_command(self):
         self.cleanup()
-        self._scratch = tempfile.mkdtemp(prefix="attn-job-")
+        self._scratch = tempfile.mkdtemp(prefix="job-", dir=run_dir())
         env = worker_env(self._scratch, self.cache)
         argv = _launcher(self.limits, os.geteuid() == 0, self.groups) + _server_argv(str(ROOT), self._scratch)
         return argv, env

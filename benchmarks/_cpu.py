@@ -18,6 +18,21 @@ from pathlib import Path
 ROOT = Path("/sys/fs/cgroup/cpuacct")
 
 
+def _sweep(name: str) -> None:
+    """Remove the groups of meters whose process is gone (a benchmark killed before :meth:`CpuMeter.close`).
+
+    Only an empty group can be removed: one that a living process (of any
+    pid namespace) is in stays.
+    """
+    for group in ROOT.glob(f"{name}-*"):
+        pid = group.name[len(name) + 1:]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+
+
 class CpuMeter:
     def __init__(self, name: str = "attn-bench"):
         self.group: Path | None = None
@@ -25,6 +40,7 @@ class CpuMeter:
         try:
             home = next(line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
                         if "cpuacct" in line.split(":", 2)[1].split(","))
+            _sweep(name)
             group = ROOT / f"{name}-{os.getpid()}"
             group.mkdir(exist_ok=True)
             (group / "cgroup.procs").write_text(str(os.getpid()))
