@@ -140,6 +140,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
         starts = server.starts
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
+        killed = server.sandbox.memory_kills()  # and the memory limit's
         stopped = False  # the runner stopped the job at its process limit, in its current exercise
         gone = False  # the server could not take the job, died in it, or lost or delayed its last lines
         look = started
@@ -186,6 +187,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                                               f"{limits.processes} processes and threads at once (process limit)")
                     stopped = True
                     break
+                if server.sandbox.memory_kills() > killed:
+                    verdict, stopped = _memory_limit(limits), True
+                    break
             if now - started > limits.per_exercise_s + grace:
                 verdict = Outcome.failure("timeout", f"stopped after {limits.per_exercise_s:g} s (time limit)")
             elif deadline is not None and now >= deadline:
@@ -193,6 +197,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             else:  # until the worker writes, the next look at the process limit, or a limit's end
                 until = min(look, started + limits.per_exercise_s + grace, deadline if deadline is not None else look)
                 server.wait(min(max(until - now, 0.0), 0.1) + 0.001)
+        if (gone or (done is not None and done.status != 0)) and server.sandbox.memory_kills() > killed:
+            # the kernel killed the job, or its server, at the memory limit before a look saw it
+            verdict, stopped = _memory_limit(limits), True
         if verdict is not None and done is None and not gone:
             # the job reached a limit: it is ended, and its server kept if it is clean; a server
             # that does not answer is killed (a job can stop its server: then the lines the
@@ -230,6 +237,11 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         raw[culprit] = [verdict]
         remaining = [(ex, cases) for ex, cases in left if ex.id != culprit]
     return dict(raw)
+
+
+def _memory_limit(limits: Limits) -> Outcome:
+    return Outcome.failure("crashed", f"stopped: its processes together used more than {limits.total_memory_mb} MB "
+                                      "of memory (memory limit)")
 
 
 class _Reported(dict):

@@ -89,6 +89,9 @@ class Limits:
     per_archive_s: float = 300.0  # wall-clock seconds for everything one archive runs
     cpu_s: int = 120  # CPU seconds for one job
     memory_mb: int = 3072  # address space of a worker
+    # memory of a sandbox's processes together (resident, and what they write to its tmpfs), where
+    # a memory cgroup can be made; beyond it the kernel kills one of them, the job first; 0: no cap
+    total_memory_mb: int = 4096
     processes: int = 64  # threads and processes (JAX starts a few)
     file_mb: int = 64  # largest file a worker may write
     scratch_mb: int = 64  # the job's writable /tmp (a tmpfs), and as much again for /dev/shm
@@ -147,6 +150,10 @@ class Sandbox(Protocol):
         """How often a process or thread of the sandbox could not start for its process limit,
         since the sandbox was made (0 where that is not counted)."""
 
+    def memory_kills(self) -> int:
+        """How many of the sandbox's processes the kernel killed at its memory limit, since the
+        sandbox was made (0 where that is not counted)."""
+
 
 class Plain:
     """No confinement: a student's own check on their own machine."""
@@ -175,6 +182,9 @@ class Plain:
     def processes_refused(self) -> int:
         return 0
 
+    def memory_kills(self) -> int:
+        return 0
+
 
 def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups") -> list[str]:
     """The limits, applied by :mod:`attn_course.limit` just before exec."""
@@ -197,9 +207,12 @@ def _pid_namespace() -> str:
 
 
 class SlotGroups:
-    """The cgroups of one sandbox: its processes counted (``pids.max``) and its CPU capped
+    """The cgroups of one sandbox: its processes counted (``pids.max``), its CPU capped
     (``Limits.cores``: a fork bomb or a thread pool in one slot cannot take the cores of the
-    others), each where the system lets the grader make it (root, cgroup v1 or v2).
+    others) and its memory capped (``Limits.total_memory_mb``: the address-space limit is per
+    process, and 64 processes of 3 GB each would take the machine's memory from every other
+    slot and from the grader), each where the system lets the grader make it (root, cgroup
+    v1 or v2).
 
     Every server of the sandbox joins them (:mod:`attn_course.limit`); :meth:`kill` ends what
     is left in them after a server, :meth:`remove` deletes them when the sandbox is closed.
@@ -211,35 +224,48 @@ class SlotGroups:
         _made += 1
         name = f"{_GROUP_PREFIX}{_pid_namespace()}-{os.getpid()}-slot{slot}-{_made}"
         self.paths: list[Path] = []
+        self.oom_events: Path | None = None  # where the memory group counts the processes it killed
+        total = limits.total_memory_mb * 2**20
         v2 = Path("/sys/fs/cgroup")
         if (v2 / "cgroup.controllers").exists() and not (v2 / "pids").is_dir():  # unified hierarchy
             cpu = {"cpu.max": f"{100_000 * limits.cores} 100000"} if limits.cores else {}
-            self._make(v2, name, {"pids.max": str(limits.processes), **cpu}, required=("pids.max",))
+            memory = {"memory.max": str(total), "memory.swap.max": "0"} if total else {}
+            self._make(v2, name, {"pids.max": str(limits.processes), **cpu, **memory}, required=("pids.max",))
+            if self.paths and total and (self.paths[0] / "memory.max").exists():
+                self.oom_events = self.paths[0] / "memory.events"
         else:
             self._make(Path("/sys/fs/cgroup/pids"), name, {"pids.max": str(limits.processes)})
             if limits.cores:
                 self._make(Path("/sys/fs/cgroup/cpu"), name, {"cpu.cfs_period_us": "100000",
                                                              "cpu.cfs_quota_us": str(100_000 * limits.cores)})
+            # (memsw, memory and swap together, only where swap is accounted: it must not be below
+            # the memory limit, so it is written second)
+            if total and self._make(Path("/sys/fs/cgroup/memory"), name,
+                                    {"memory.limit_in_bytes": str(total), "memory.memsw.limit_in_bytes": str(total)},
+                                    required=("memory.limit_in_bytes",)):
+                self.oom_events = self.paths[-1] / "memory.oom_control"
         # the pids group (made first) counts the forks it refused: pids.events says "max N"
         self.events = self.paths[0] / "pids.events" if self.paths else None
 
-    def _make(self, base: Path, name: str, settings: dict[str, str], required: tuple[str, ...] | None = None) -> None:
+    def _make(self, base: Path, name: str, settings: dict[str, str], required: tuple[str, ...] | None = None) -> bool:
+        """Make one group with these settings (those in ``required``, or all, must take); whether it was made."""
         if not (base / "cgroup.procs").exists():
-            return
+            return False
         _sweep(base)
         group = base / name
         try:
             group.mkdir(exist_ok=True)
         except OSError:
-            return
+            return False
         for key, value in settings.items():
             try:
                 (group / key).write_text(value)
             except OSError:
                 if required is None or key in required:  # v2: the CPU controller may not be delegated
                     _rmdir(group)
-                    return
+                    return False
         self.paths.append(group)
+        return True
 
     def refused(self) -> int:
         """How many forks (processes or threads) the pids group refused, ever; 0 without one."""
@@ -249,6 +275,19 @@ class SlotGroups:
             for line in self.events.read_text().splitlines():
                 key, _, count = line.partition(" ")
                 if key == "max":
+                    return int(count)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def memory_kills(self) -> int:
+        """How many processes the memory group killed at its limit, ever; 0 without one."""
+        if self.oom_events is None:
+            return 0
+        try:
+            for line in self.oom_events.read_text().splitlines():
+                key, _, count = line.partition(" ")
+                if key == "oom_kill":
                     return int(count)
         except (OSError, ValueError):
             pass
@@ -264,7 +303,7 @@ class SlotGroups:
         for group in self.paths:
             _rmdir(group)
         self.paths = []
-        self.events = None
+        self.events = self.oom_events = None
 
 
 _swept: set[Path] = set()
@@ -351,6 +390,9 @@ class Limited:
     def processes_refused(self) -> int:
         return self.groups.refused()
 
+    def memory_kills(self) -> int:
+        return self.groups.memory_kills()
+
 
 def limits_only_reach(as_root: bool | None = None) -> str:
     """What a job run with limits only (:class:`Limited`) can reach, for the grader's warning:
@@ -422,6 +464,9 @@ class Bubblewrap:
 
     def processes_refused(self) -> int:
         return self.groups.refused()
+
+    def memory_kills(self) -> int:
+        return self.groups.memory_kills()
 
 
 def uses_bwrap(use_bwrap: bool | None) -> bool:

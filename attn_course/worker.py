@@ -1043,6 +1043,13 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         os.closerange(4, 4096)
         os.chdir("/")  # read-only (and never on sys.path: -I)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        # the first the kernel kills when memory runs out (the sandbox's memory group, or the
+        # machine's): the job and what it starts, not its server or the grader (it cannot undo this)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
         # no POSIX message queue (one would outlive the job in the sandbox's IPC namespace,
         # and cannot be listed without a mount to look for it)
         if hasattr(resource, "RLIMIT_MSGQUEUE"):  # (Linux's)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from attn_course import values
 from attn_course.registry import all_exercises
 from attn_course.runner import run_worker
@@ -15,18 +17,23 @@ ZERO = {"status": "ok", "value": {"value": values.encode(__import__("numpy").zer
 
 
 class Box:
-    """The scripted server's sandbox: how many forks its process limit refused."""
+    """The scripted server's sandbox: how many forks its process limit refused, and how many
+    processes its memory limit killed."""
 
     def __init__(self):
-        self.refused = 0
+        self.refused = self.killed = 0
 
     def processes_refused(self):
         return self.refused
 
+    def memory_kills(self):
+        return self.killed
+
 
 class Scripted:
     """A worker server that plays one script per job: ('start', id), ('phase', None), ('result', id),
-    ('sleep', seconds), ('refuse', None) (its sandbox refuses a fork), 'hang', 'die' or 'done'."""
+    ('sleep', seconds), ('refuse', None) (its sandbox refuses a fork), ('oom', None) (its memory
+    limit kills a process), ('exit', status) (the job ends so), 'hang', 'die' or 'done'."""
 
     def __init__(self, scripts, answers_stop=True):
         self.scripts, self.jobs, self.starts, self.kills, self.stops = list(scripts), [], 1, 0, 0
@@ -62,6 +69,12 @@ class Scripted:
             if kind == "refuse":
                 self.sandbox.refused += 1
                 continue
+            if kind == "oom":
+                self.sandbox.killed += 1
+                continue
+            if kind == "exit":
+                out.append(Done(ex, ""))
+                return out
             if kind == "sleep":
                 time.sleep(ex)
                 return out
@@ -277,3 +290,23 @@ def test_a_stopped_job_keeps_its_server_only_when_the_server_answers_clean():
             assert (server.proc is not None and server.proc.poll() is None) is (stopped is Stopped.KEPT)
         finally:
             server.close()
+
+
+@pytest.mark.parametrize("how", ["the job is killed", "its server is killed", "a process it started is killed"])
+def test_a_job_at_its_memory_limit_is_stopped_and_blames_its_exercise(how):
+    """The memory group killed a process of the job (3.2): 3.2 alone is blamed, by the limit's
+    name rather than as a death of unknown cause, and 3.3 runs in a new job."""
+    # (a server's death is seen before the runner's next look at the memory group: ("sleep", 0)
+    # ends a poll, and the next one raises at once)
+    end = {"the job is killed": [("oom", None), ("exit", -9)], "its server is killed": [("sleep", 0), ("oom", None), "die"],
+           "a process it started is killed": [("oom", None), "hang"]}[how]
+    scripts = [[("start", "3.1"), ("result", "3.1"), ("start", "3.2"), *end]]
+    if how == "its server is killed":  # its last lines may be lost: each unfinished one runs alone
+        scripts.append([("start", "3.2"), *end])
+    scripts.append([("start", "3.3"), ("result", "3.3"), "done"])
+    server = Scripted(scripts)
+    raw = run_worker(server, {}, _items("3.1", "3.2", "3.3"), Limits(per_exercise_s=20, total_memory_mb=512))
+    assert server.jobs[0] == ["3.1", "3.2", "3.3"] and server.jobs[-1] == ["3.3"]
+    assert [o.status for o in raw["3.2"]] == ["crashed"]
+    assert "more than 512 MB of memory (memory limit)" in raw["3.2"][0].message
+    assert [o.status for o in raw["3.1"]] == [o.status for o in raw["3.3"]] == ["ok"] * len(raw["3.3"])
