@@ -224,17 +224,20 @@ class SlotGroups:
         _made += 1
         name = f"{_GROUP_PREFIX}{_pid_namespace()}-{os.getpid()}-slot{slot}-{_made}"
         self.paths: list[Path] = []
-        self.oom_events: Path | None = None  # where the memory group counts the processes it killed
+        self.events: Path | None = None  # where the pids group counts the forks it refused ("max N")
+        self.oom_events: Path | None = None  # where the memory group counts the processes it killed ("oom_kill N")
         total = limits.total_memory_mb * 2**20
         v2 = Path("/sys/fs/cgroup")
         if (v2 / "cgroup.controllers").exists() and not (v2 / "pids").is_dir():  # unified hierarchy
             cpu = {"cpu.max": f"{100_000 * limits.cores} 100000"} if limits.cores else {}
             memory = {"memory.max": str(total), "memory.swap.max": "0"} if total else {}
-            self._make(v2, name, {"pids.max": str(limits.processes), **cpu, **memory}, required=("pids.max",))
-            if self.paths and total and (self.paths[0] / "memory.max").exists():
-                self.oom_events = self.paths[0] / "memory.events"
+            if self._make(v2, name, {"pids.max": str(limits.processes), **cpu, **memory}, required=("pids.max",)):
+                self.events = self.paths[0] / "pids.events"
+                if total and (self.paths[0] / "memory.max").exists():
+                    self.oom_events = self.paths[0] / "memory.events"
         else:
-            self._make(Path("/sys/fs/cgroup/pids"), name, {"pids.max": str(limits.processes)})
+            if self._make(Path("/sys/fs/cgroup/pids"), name, {"pids.max": str(limits.processes)}):
+                self.events = self.paths[0] / "pids.events"
             if limits.cores:
                 self._make(Path("/sys/fs/cgroup/cpu"), name, {"cpu.cfs_period_us": "100000",
                                                              "cpu.cfs_quota_us": str(100_000 * limits.cores)})
@@ -244,8 +247,6 @@ class SlotGroups:
                                     {"memory.limit_in_bytes": str(total), "memory.memsw.limit_in_bytes": str(total)},
                                     required=("memory.limit_in_bytes",)):
                 self.oom_events = self.paths[-1] / "memory.oom_control"
-        # the pids group (made first) counts the forks it refused: pids.events says "max N"
-        self.events = self.paths[0] / "pids.events" if self.paths else None
 
     def _make(self, base: Path, name: str, settings: dict[str, str], required: tuple[str, ...] | None = None) -> bool:
         """Make one group with these settings (those in ``required``, or all, must take); whether it was made."""
