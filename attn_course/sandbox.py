@@ -242,9 +242,11 @@ class SlotGroups:
                 self._make(Path("/sys/fs/cgroup/cpu"), name, {"cpu.cfs_period_us": "100000",
                                                              "cpu.cfs_quota_us": str(100_000 * limits.cores)})
             # (memsw, memory and swap together, only where swap is accounted: it must not be below
-            # the memory limit, so it is written second)
+            # the memory limit, so it is written second; kmem.tcp: v1 counts TCP buffers against a
+            # group only once they have a limit of their own, and v2 counts them as memory)
             if total and self._make(Path("/sys/fs/cgroup/memory"), name,
-                                    {"memory.limit_in_bytes": str(total), "memory.memsw.limit_in_bytes": str(total)},
+                                    {"memory.limit_in_bytes": str(total), "memory.memsw.limit_in_bytes": str(total),
+                                     "memory.kmem.tcp.limit_in_bytes": str(total)},
                                     required=("memory.limit_in_bytes",)):
                 self.oom_events = self.paths[-1] / "memory.oom_control"
 
@@ -397,13 +399,14 @@ class Limited:
 
 def limits_only_reach(as_root: bool | None = None) -> str:
     """What a job run with limits only (:class:`Limited`) can reach, for the grader's warning:
-    what the grader's user can read and, when that user is root, every file and some devices
+    what the grader's user can read, write and signal (the other slots' scratch folders and
+    servers included: they are the same user's) and, when that user is root, every file and some devices
     (creating virtual machines through ``/dev/kvm``, network interfaces through ``/dev/net/tun``)."""
     root = os.geteuid() == 0 if as_root is None else as_root
     if not root:
-        return "and can read what this user can read"
+        return "and can read, write and signal what this user can (the other workers' files and processes too)"
     return ("as root: they can read every file of this machine and open its devices "
-            "(/dev/kvm, /dev/net/tun); grade as an ordinary user")
+            "(/dev/kvm, /dev/net/tun), and write and signal what root can; grade as an ordinary user")
 
 
 def bwrap_works() -> bool:

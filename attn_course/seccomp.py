@@ -10,7 +10,15 @@ kernel shares the CPU between sessions (autogroups), and processes of a job
 that each led a session of their own would take the other slots' share (the
 job's own process leads its session already, before the filter); and
 memory that no address-space limit counts (``memfd_create``, ``memfd_secret``,
-System V's ``shmget``: a job held 2.5 GB of memfds beside its 3 GB limit).
+System V's ``shmget``: a job held 2.5 GB of memfds beside its 3 GB limit);
+System V's message queues and semaphores (``msgget``, ``semget``: with limits
+only, no IPC namespace of the job's own, they outlive it: 200 queues were
+still there after the sandbox closed); and new sockets (``socket``,
+``socketpair``: a job has no network and no use for one, and the red team
+queued 1 GB in loopback TCP buffers, which a cgroup v1 memory group does not
+count, and held 400 descriptors in flight on a unix socket, which the kernel
+counts per user: the other slot's server, the same user, could then pass no
+descriptor to its template, and its honest job failed).
 A job's process (forked by the server's template, :func:`attn_course.worker._child`) installs this filter
 before it reads its job, in the grading sandboxes (bubblewrap, and limits
 only); ``check``'s Plain sandbox runs the student's own code on their own
@@ -52,6 +60,7 @@ CALLS = {
     "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "syslog": (103, 116),
     "sethostname": (170, 161), "setdomainname": (171, 162), "setsid": (112, 157),
     "memfd_create": (319, 279), "memfd_secret": (447, 447), "shmget": (29, 194),
+    "msgget": (68, 186), "semget": (64, 190), "socket": (41, 198), "socketpair": (53, 199),
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column of CALLS
 X32_BIT = 0x40000000  # x86-64's x32 calls: the same numbers with this bit

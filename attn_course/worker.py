@@ -1044,7 +1044,9 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         os.chdir("/")  # read-only (and never on sys.path: -I)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         # the first the kernel kills when memory runs out (the sandbox's memory group, or the
-        # machine's): the job and what it starts, not its server or the grader (it cannot undo this)
+        # machine's): the job and what it starts, not its server or the grader.  (It can lower the
+        # value again, to its server's but not below: then the kernel may kill the server instead,
+        # which costs the job its own exercise and the next job a new server, and no one else)
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("1000")

@@ -59,6 +59,24 @@ def fresh_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServ
         yield server
 
 
+class Unfiltered(Bubblewrap):
+    """Bubblewrap as on a kernel without seccomp filters (jobs without ``--confined``): for the
+    attacks the filter now refuses (sockets, for one), whose cleanup by the server beneath the
+    filter is still tested."""
+
+    def server_command(self):
+        argv, env = super().server_command()
+        return [a for a in argv if a != "--confined"], env
+
+
+@contextlib.contextmanager
+def unfiltered_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
+    """:func:`fresh_server` in :class:`Unfiltered`."""
+    needs_bwrap()
+    with started(Unfiltered(slot, limits or Limits())) as server:
+        yield server
+
+
 def bwrap_server(slot: int, limits: Limits | None = None) -> Iterator[WorkerServer]:
     """:func:`fresh_server` as the body of a fixture (``yield from``)."""
     with fresh_server(slot, limits) as server:

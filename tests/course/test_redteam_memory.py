@@ -5,7 +5,7 @@ as the process limit allows, each under that limit, could hold 64 times it
 and take the machine's memory from every other slot and from the grader.
 Each slot's sandbox has a memory group (root, cgroup v1 or v2): at its limit
 the kernel kills one of its processes, the job's first (they rank first for
-the OOM killer, and cannot undo it); the runner names the limit and blames
+the OOM killer); the runner names the limit and blames
 the exercise, and the next job on the slot is graded as usual.
 """
 

@@ -239,6 +239,30 @@ def _ns_handle():
     return True
 
 
+def _new_ipc():
+    """A socket of each kind a job could queue memory or descriptors in, and System V's queues and
+    semaphores (which outlive a job without an IPC namespace of its own): the ones made."""
+    made = []
+    fd = _libc.socket(2, 1, 0)  # AF_INET, SOCK_STREAM
+    if fd >= 0:
+        _os.close(fd)
+        made.append("socket(AF_INET)")
+    pair = (_ct.c_int * 2)()
+    if _libc.socketpair(1, 1, 0, pair) == 0:  # AF_UNIX, SOCK_STREAM
+        _os.close(pair[0])
+        _os.close(pair[1])
+        made.append("socketpair(AF_UNIX)")
+    qid = _libc.msgget(0, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    if qid >= 0:
+        _libc.msgctl(qid, 0, None)  # IPC_RMID
+        made.append("msgget")
+    sid = _libc.semget(0, 1, 0o1600)
+    if sid >= 0:
+        _libc.semctl(sid, 0, 0)  # IPC_RMID
+        made.append("semget")
+    return made
+
+
 def _escapes():
     found = [f"clone({name})" for name, flag in _NS.items() if _CLONE is not None and _clone(flag)]
     found += [f"clone3({name})" for name, flag in _NS.items() if _clone3(flag)]
@@ -274,6 +298,7 @@ def _escapes():
     found += [f"open {d}" for d in _devices()]
     if _ns_handle():
         found.append("NS_GET_USERNS")
+    found += _new_ipc()
     return found
 
 
@@ -281,7 +306,8 @@ def _escapes():
 _CODES = {"clone(": "C", "clone3(": "3", "userfaultfd |": "H", "keyctl |": "H", "personality": "P",
           "own filter RET_TRACE": "T", "own filter RET_USER_NOTIF": "N", "own filter RET_ALLOW": "A",
           "prctl undo": "U", "memfd static binary": "M", "/bin/sh": "S", "compat syscall": "X",
-          "threads unfiltered": "R", "fd ": "F", "open ": "D", "NS_GET_USERNS": "G"}
+          "threads unfiltered": "R", "fd ": "F", "open ": "D", "NS_GET_USERNS": "G",
+          "socket(": "K", "socketpair(": "W", "msgget": "Q", "semget": "Z"}
 _FOUND = []
 
 
@@ -315,7 +341,7 @@ def test_no_side_door_to_a_refused_call_in_bubblewrap(tmp_path):
 # what the filter alone must refuse, bubblewrap or not: every road but the devices (D), which
 # are the grader's user's to open, and NS_GET_USERNS (G), which needs a user namespace of the
 # sandbox's own
-FILTERED = set("HPTNAUMSXRF")
+FILTERED = set("HPTNAUMSXRFKWQZ")
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +371,7 @@ def test_the_probe_finds_the_side_doors_outside_the_sandbox(tmp_path):
 
     failed = _plain_failures(tmp_path)
     assert failed, "nothing found outside any sandbox"
-    expect = set("PTNAUSRG")
+    expect = set("PTNAUSRGKWQZ")
     if platform.machine() == "x86_64":
         expect |= set("HMX")  # (tried on x86-64 only; X: where the CPU has 32-bit SYSCALL, AMD's)
         if "AuthenticAMD" not in open("/proc/cpuinfo").read():
