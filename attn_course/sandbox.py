@@ -272,29 +272,11 @@ class SlotGroups:
 
     def refused(self) -> int:
         """How many forks (processes or threads) the pids group refused, ever; 0 without one."""
-        if self.events is None:
-            return 0
-        try:
-            for line in self.events.read_text().splitlines():
-                key, _, count = line.partition(" ")
-                if key == "max":
-                    return int(count)
-        except (OSError, ValueError):
-            pass
-        return 0
+        return _count(self.events, "max")
 
     def memory_kills(self) -> int:
         """How many processes the memory group killed at its limit, ever; 0 without one."""
-        if self.oom_events is None:
-            return 0
-        try:
-            for line in self.oom_events.read_text().splitlines():
-                key, _, count = line.partition(" ")
-                if key == "oom_kill":
-                    return int(count)
-        except (OSError, ValueError):
-            pass
-        return 0
+        return _count(self.oom_events, "oom_kill")
 
     def kill(self) -> None:
         """SIGKILL every process still in the groups (what a server left behind)."""
@@ -307,6 +289,20 @@ class SlotGroups:
             _rmdir(group)
         self.paths = []
         self.events = self.oom_events = None
+
+
+def _count(events: Path | None, key: str) -> int:
+    """The count on the line ``key N`` of a cgroup's events file; 0 without the file or the line."""
+    if events is None:
+        return 0
+    try:
+        for line in events.read_text().splitlines():
+            name, _, count = line.partition(" ")
+            if name == key:
+                return int(count)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 _swept: set[Path] = set()
