@@ -141,7 +141,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         starts = server.starts
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
         killed = server.sandbox.memory_kills()  # and the memory limit's
-        stopped = False  # the runner stopped the job at its process limit, in its current exercise
+        stopped = False  # the runner stopped the job at its process or memory limit, in its current exercise
         gone = False  # the server could not take the job, died in it, or lost or delayed its last lines
         look = started
         try:
