@@ -24,7 +24,7 @@ import shutil
 import pytest
 from server_jobs import Unfiltered, bwrap_server, needs_bwrap, package, spy, stop
 
-from attn_course.sandbox import Bubblewrap, Limits
+from attn_course.sandbox import Limits
 from attn_course.server import WorkerServer
 
 pytestmark = pytest.mark.slow
