@@ -24,7 +24,8 @@ fresh child per job.  A :class:`Sandbox` says how that server is started:
     workers' cache is there, read-only and not listable
     (:func:`attn_course.xla_cache.worker_cache_dir`).  No
     network, its own pid namespace, no capabilities, no new user namespaces,
-    uid 1000.  No folder of the grader is bound writable: jobs come in and
+    uid 1000, and on the host a user of its own where the grader is root
+    (:mod:`attn_course.slot_user`).  No folder of the grader is bound writable: jobs come in and
     results go out over the server's pipes.  The reference library, the
     secret, expected values, hidden cases' expected values and the grading
     folder are never there.
@@ -36,6 +37,7 @@ tooling is the only thing put on the path, read-only.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from . import ROOT
+from . import ROOT, slot_user
 from .run_dir import run_dir
 
 COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and nothing else
@@ -186,12 +188,20 @@ class Plain:
         return 0
 
 
-def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups") -> list[str]:
-    """The limits, applied by :mod:`attn_course.limit` just before exec."""
+def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups | None", uid: int | None = None,
+              stage: list[tuple[str, str]] | None = None) -> list[str]:
+    """The limits, applied by :mod:`attn_course.limit` just before exec; as ``uid`` (root only),
+    with ``stage``'s ``(source, mount point)`` bound first."""
     limit = str(ROOT / "attn_course" / "limit.py")
+    # RLIMIT_NPROC counts the processes of the user (of a sandbox's own user: the sandbox's), and
+    # refuses a fork before the pids group would: where that group counts them, it is the limit
+    # (the runner then reads its refusals and names the process limit), and the rlimit a backstop
+    counted = groups is not None and groups.events is not None
+    nproc = 2 * limits.processes if counted else limits.processes
     return [sys.executable, "-S", "-I", limit, str(limits.cpu_s), str(limits.memory_mb),
-            str(limits.file_mb), str(limits.processes), "1" if newnet else "0",
-            ",".join(str(g) for g in groups.paths) or "-", "--"]
+            str(limits.file_mb), str(nproc), "1" if newnet else "0",
+            ",".join(str(g) for g in groups.paths) if groups and groups.paths else "-",
+            "-" if uid is None else str(uid), json.dumps(stage) if stage else "-", "--"]
 
 
 _GROUP_PREFIX = "attn-course-"
@@ -426,17 +436,43 @@ class Bubblewrap:
     def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache
         self.groups = SlotGroups(slot, self.limits)
+        self._stage: Path | None = None
+        self._staged: dict[str, str] = {}  # a bind's source -> its mount point in the stage
+        # a host user of the sandbox's own where the grader is root (attn_course.slot_user), else
+        # the grader's: bubblewrap maps the sandbox's uid 1000 to the user that starts it
+        self.user: slot_user.SlotUser | None = None
+        self.user = _slot_user(self)
+
+    def _binds(self) -> list[tuple[str, str]]:
+        """What the sandbox sees of the machine, read-only: (source, path in the sandbox)."""
+        binds = [(path, path) for path in ("/usr", "/lib", "/lib64", "/bin", "/lib32", "/etc/alternatives",
+                                           "/etc/ld.so.cache") if os.path.exists(path)]
+        binds += [(path, path) for path in sorted({sys.base_prefix, sys.prefix,
+                                                   str(Path(sys.executable).resolve().parents[1])})]
+        binds.append((worker_course(), f"{COURSE_IN_SANDBOX}/attn_course"))
+        if self.cache is not None:  # the workers' own cache (see xla_cache.worker_cache_dir)
+            binds.append((str(self.cache), str(self.cache)))
+        return binds
+
+    def _mount_point(self, source: str) -> str:
+        """Where :mod:`attn_course.limit` binds ``source`` for a sandbox of its own user, who
+        may not reach it (a Python under ``/root``): a folder or file of the stage, made once."""
+        if source not in self._staged:
+            if self._stage is None:
+                self._stage = Path(tempfile.mkdtemp(prefix="stage-", dir=run_dir()))
+                os.chmod(self._stage, 0o755)
+            point = self._stage / str(len(self._staged))
+            if os.path.isdir(source):
+                point.mkdir()
+            else:
+                point.touch()
+            self._staged[source] = str(point)
+        return self._staged[source]
 
     def bwrap_argv(self) -> list[str]:
         binds: list[str] = []
-        for path in ("/usr", "/lib", "/lib64", "/bin", "/lib32", "/etc/alternatives", "/etc/ld.so.cache"):
-            if os.path.exists(path):
-                binds += ["--ro-bind", path, path]
-        for path in sorted({sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}):
-            binds += ["--ro-bind", path, path]
-        binds += ["--ro-bind", worker_course(), f"{COURSE_IN_SANDBOX}/attn_course"]
-        if self.cache is not None:  # the workers' own cache (see xla_cache.worker_cache_dir)
-            binds += ["--ro-bind", str(self.cache), str(self.cache)]
+        for source, dest in self._binds():
+            binds += ["--ro-bind", source if self.user is None else self._mount_point(source), dest]
         size = str(self.limits.scratch_mb * 2**20)
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds
@@ -452,8 +488,15 @@ class Bubblewrap:
             argv += ["--setenv", k, v]
         return argv
 
+    def _launch(self, groups: SlotGroups | None) -> list[str]:
+        """The launcher, as the sandbox's user with its binds staged (or as the grader)."""
+        bwrap = self.bwrap_argv()  # (stages what it binds)
+        uid = None if self.user is None else self.user.uid
+        stage = [(source, point) for source, point in self._staged.items()] if self.user is not None else None
+        return _launcher(self.limits, False, groups, uid, stage) + bwrap
+
     def server_command(self):
-        argv = _launcher(self.limits, False, self.groups) + self.bwrap_argv() + _server_argv(COURSE_IN_SANDBOX, "/tmp")
+        argv = self._launch(self.groups) + _server_argv(COURSE_IN_SANDBOX, "/tmp")
         return argv, worker_env("/tmp", self.cache)
 
     def cleanup(self) -> None:
@@ -461,12 +504,49 @@ class Bubblewrap:
 
     def close(self) -> None:
         self.groups.remove()
+        self._unstage()
+        if self.user is not None:  # (a process of the sandbox left behind keeps its uid from others:
+            self.user.release()    # slot_user.claim passes over a uid that a process runs as)
+
+    def _unstage(self) -> None:
+        if self._stage is not None:
+            shutil.rmtree(self._stage, ignore_errors=True)
+        self._stage, self._staged = None, {}
 
     def processes_refused(self) -> int:
         return self.groups.refused()
 
     def memory_kills(self) -> int:
         return self.groups.memory_kills()
+
+
+_AS_SLOT_USER: bool | None = None  # whether bubblewrap runs as a user of the sandbox's own here
+
+
+def _slot_user(sandbox: Bubblewrap) -> slot_user.SlotUser | None:
+    """A user of the sandbox's own (:mod:`attn_course.slot_user`), where the grader is root and
+    bubblewrap starts as that user here (tried once per process, with the sandbox's own binds)."""
+    global _AS_SLOT_USER
+    if _AS_SLOT_USER is False:
+        return None
+    user = slot_user.claim()
+    if user is None:
+        return None
+    if _AS_SLOT_USER is None:
+        sandbox.user = user
+        try:
+            r = subprocess.run(sandbox._launch(None) + [sys.executable, "-I", "-S", "-c", "pass"], capture_output=True,
+                               timeout=60, cwd="/", env=worker_env("/tmp", None))
+            _AS_SLOT_USER = r.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _AS_SLOT_USER = False
+        finally:
+            sandbox.user = None
+        if not _AS_SLOT_USER:
+            sandbox._unstage()
+            user.release()
+            return None
+    return user
 
 
 def uses_bwrap(use_bwrap: bool | None) -> bool:

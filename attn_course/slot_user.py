@@ -1,0 +1,126 @@
+"""A host user of its own for each grading sandbox, where the grader is root.
+
+Bubblewrap maps its sandbox's uid 1000 to the user that started it: a
+grader run as root ran every job as root on the host, without capabilities
+but counted as root.  The kernel counts some resources per user, whatever
+the namespace: inotify instances (128 for all of a user's processes),
+pipe buffer pages, queued signals, POSIX message queue bytes, processes.
+A job that held 128 inotify instances left none to any root process of the
+machine (the grader, the other slots, the system's own services) for as
+long as it ran.  With a user of its own, what a job takes of such a count
+it takes from itself.
+
+A sandbox claims a uid of the range ``ATTN_COURSE_SLOT_UIDS`` (its first
+uid, :data:`DEFAULT_BASE` by default; ``off``: every sandbox runs as the
+grader's user, as before) for as long as it lives: the claim is a ``flock``
+on a file named by the uid in a folder only root can use, which
+the kernel releases however the grader ends.  A uid that a named user of
+this machine has, or that a process still runs as (what a killed grader
+left), is passed over.  Group id and uid are the same number; the sandbox
+has no supplementary groups.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV = "ATTN_COURSE_SLOT_UIDS"
+DEFAULT_BASE = 2_100_000_000  # far above the ranges that systems give their users and containers
+COUNT = 4096  # sandboxes that can live at once on one machine
+
+
+@dataclass
+class SlotUser:
+    """A claimed uid; :meth:`release` when no process of the sandbox is left."""
+
+    uid: int
+    _fd: int | None = field(default=None, repr=False)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _base() -> int | None:
+    value = os.environ.get(ENV, "").strip()
+    if value.lower() == "off":
+        return None
+    if not value:
+        return DEFAULT_BASE
+    try:
+        base = int(value)
+    except ValueError:
+        raise ValueError(f"{ENV}={value!r}: the first uid of the sandboxes' range (a number), or off") from None
+    if not 1000 <= base <= 2**32 - 2 - COUNT:
+        raise ValueError(f"{ENV}={base}: the range {base}..{base + COUNT - 1} must lie within 1000..{2**32 - 2}")
+    return base
+
+
+def _folder() -> Path | None:
+    """The claims' folder: made by root, mode 0700; None if what is there is anything else."""
+    path = Path(tempfile.gettempdir()) / "attn-course-uids"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o077:
+        return None  # not ours (a link, another user's folder): no claim can be trusted there
+    return path
+
+
+def _in_use(uid: int) -> bool:
+    """Whether a named user has this uid, or a process of this pid namespace runs as it."""
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        pass
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        if str(uid).encode() in line.split()[1:]:
+                            return True
+                        break
+        except OSError:
+            pass
+    return False
+
+
+def claim() -> SlotUser | None:
+    """A uid of the range for one sandbox, or None: not root, not Linux, ``off``, or all taken."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return None
+    base = _base()
+    folder = _folder() if base is not None else None
+    if folder is None:
+        return None
+    for uid in range(base, base + COUNT):
+        try:
+            fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        if _in_use(uid):
+            os.close(fd)
+            continue
+        return SlotUser(uid, fd)
+    return None
