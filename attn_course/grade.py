@@ -509,7 +509,7 @@ class LocalPool:
 
 
 def _bad_option(args) -> str | None:
-    """What is wrong with the grade command's budget, scheduler or jobs, before anything is written.
+    """What is wrong with the grade command's budget, scheduler, jobs or uid range, before anything is written.
 
     Each was taken silently: a budget of 0 (or less, or nan) spent every
     archive's budget at once (every student 0), ``--scheduler ""`` graded on
@@ -525,7 +525,9 @@ def _bad_option(args) -> str | None:
                 "(give the cluster more workers instead)")
     if args.jobs is not None and args.jobs < 1:
         return f"--jobs must be a number of workers of at least 1, got {args.jobs}"
-    return None
+    from .slot_user import setting_problem
+
+    return setting_problem()
 
 
 def main_grade(args) -> int:

@@ -64,6 +64,15 @@ def _base() -> int | None:
     return base
 
 
+def setting_problem() -> str | None:
+    """What is wrong with ``ATTN_COURSE_SLOT_UIDS``, for a command to say before it grades."""
+    try:
+        _base()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def _folder() -> Path | None:
     """The claims' folder: made by root, mode 0700; None if what is there is anything else."""
     path = Path(tempfile.gettempdir()) / "attn-course-uids"

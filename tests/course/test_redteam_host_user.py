@@ -161,3 +161,15 @@ def test_a_claimed_uid_is_nobody_elses_while_it_lives(monkeypatch):
     monkeypatch.setenv(slot_user.ENV, "12")
     with pytest.raises(ValueError, match="ATTN_COURSE_SLOT_UIDS=12"):
         slot_user.claim()
+
+
+@pytest.mark.parametrize("value", ["12", "many", str(2**32)])
+def test_grade_refuses_a_range_of_uids_that_cannot_be(tmp_path, monkeypatch, capsys, value):
+    from attn_course import cli
+
+    (tmp_path / "submitted").mkdir()
+    monkeypatch.setenv(slot_user.ENV, value)
+    rc = cli.main(["grade", str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--exercises", "3.5"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("attn-course: ATTN_COURSE_SLOT_UIDS=") and value in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
