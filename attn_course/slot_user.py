@@ -13,7 +13,7 @@ it takes from itself.
 A sandbox claims a uid of the range ``ATTN_COURSE_SLOT_UIDS`` (its first
 uid, :data:`DEFAULT_BASE` by default; ``off``: every sandbox runs as the
 grader's user, as before) for as long as it lives: the claim is a ``flock``
-on a file named by the uid in a folder only root can use, which
+on a file named by the uid in a folder only root can use (in ``/run``), which
 the kernel releases however the grader ends.  A uid that a named user of
 this machine has, or that a process still runs as (what a killed grader
 left), is passed over.  Group id and uid are the same number; the sandbox
@@ -74,8 +74,17 @@ def setting_problem() -> str | None:
 
 
 def _folder() -> Path | None:
-    """The claims' folder: made by root, mode 0700; None if what is there is anything else."""
-    path = Path(tempfile.gettempdir()) / "attn-course-uids"
+    """The claims' folder: made by root, mode 0700; None if what is there is anything else.
+
+    In ``/run`` where only root may write there: in a shared ``/tmp`` any user could make
+    the folder first, and so turn the sandboxes' own users off.
+    """
+    try:
+        run = os.lstat("/run")
+        private = stat.S_ISDIR(run.st_mode) and run.st_uid == 0 and not run.st_mode & 0o022
+    except OSError:
+        private = False
+    path = Path("/run" if private else tempfile.gettempdir()) / "attn-course-uids"
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
