@@ -14,15 +14,16 @@ A sandbox claims a uid of the range ``ATTN_COURSE_SLOT_UIDS`` (its first
 uid, :data:`DEFAULT_BASE` by default; ``off``: every sandbox runs as the
 grader's user, as before) for as long as it lives: the claim is a ``flock``
 on a file named by the uid in a folder only root can use (in ``/run``), which
-the kernel releases however the grader ends.  A uid that a named user of
-this machine has, or that a process still runs as (what a killed grader
-left), is passed over.  Group id and uid are the same number; the sandbox
+the kernel releases however the grader ends.  A uid that a named user or
+group of this machine has, or that a process still runs as (what a killed
+grader left), is passed over.  Group id and uid are the same number; the sandbox
 has no supplementary groups.
 """
 
 from __future__ import annotations
 
 import fcntl
+import grp
 import os
 import pwd
 import stat
@@ -98,12 +99,14 @@ def _folder() -> Path | None:
 
 
 def _in_use(uid: int) -> bool:
-    """Whether a named user has this uid, or a process of this pid namespace runs as it."""
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        pass
+    """Whether a named user has this uid, a named group this gid (its members' files would be the
+    sandbox's too), or a process of this pid namespace runs as it."""
+    for named in (pwd.getpwuid, grp.getgrgid):
+        try:
+            named(uid)
+            return True
+        except KeyError:
+            pass
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue

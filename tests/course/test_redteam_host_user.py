@@ -156,6 +156,18 @@ def test_a_claimed_uid_is_nobody_elses_while_it_lives(monkeypatch):
     finally:
         sleeper.kill()
         sleeper.wait()
+    # a gid that a named group has (its members' files would be the sandbox's): passed over too
+    real = slot_user.grp.getgrgid
+
+    def getgrgid(gid):
+        return ("a-group", "x", gid, []) if gid == base else real(gid)
+
+    monkeypatch.setattr(slot_user.grp, "getgrgid", getgrgid)
+    named = slot_user.claim()
+    try:
+        assert named.uid == base + 1
+    finally:
+        named.release()
     monkeypatch.setenv(slot_user.ENV, "off")
     assert slot_user.claim() is None
     monkeypatch.setenv(slot_user.ENV, "12")
