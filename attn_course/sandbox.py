@@ -492,7 +492,7 @@ class Bubblewrap:
         """The launcher, as the sandbox's user with its binds staged (or as the grader)."""
         bwrap = self.bwrap_argv()  # (stages what it binds)
         uid = None if self.user is None else self.user.uid
-        stage = [(source, point) for source, point in self._staged.items()] if self.user is not None else None
+        stage = list(self._staged.items()) if self.user is not None else None
         return _launcher(self.limits, False, groups, uid, stage) + bwrap
 
     def server_command(self):
