@@ -353,6 +353,7 @@ class DaskPool:
                                f"(set ATTN_COURSE_SECRET where the workers start), e.g. {wrong[0]}")
         self._check_sandboxes()
         self._check_filters()
+        self._check_host_users()
         return sum(w.get("nthreads", 1) for w in self.client.scheduler_info()["workers"].values())
 
     def _check_sandboxes(self) -> None:
@@ -384,6 +385,18 @@ class DaskPool:
             problem = terminal(str(problems[without[0]]), 300)
             self.grader.log(f"warning: on {len(without)} of {len(problems)} Dask workers (e.g. {without[0]}), "
                             f"{unfiltered_warning(problem)}")
+
+    def _check_host_users(self) -> None:
+        """As locally: a warning where a root worker's jobs would run as root on its host
+        (:func:`~attn_course.sandbox.host_user_problem`, asked on every worker)."""
+        from .sandbox import host_user_problem, host_user_warning
+
+        problems = self._on_every_worker(host_user_problem, self.config.use_bwrap)
+        as_root = sorted(w for w, problem in problems.items() if problem)
+        if as_root:
+            problem = terminal(str(problems[as_root[0]]), 300)
+            self.grader.log(f"warning: on {len(as_root)} of {len(problems)} Dask workers (e.g. {as_root[0]}), "
+                            f"{host_user_warning(problem)}")
 
     def grade(self, todo: list[Path]) -> Iterator[tuple[Path, ArchiveResult]]:
         """Yields ``(archive, result)`` as each archive finishes, on whichever worker."""

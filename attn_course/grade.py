@@ -567,6 +567,11 @@ def main_grade(args) -> int:
         problem = filter_problem()
         if problem:
             print(f"warning: {unfiltered_warning(problem)}", file=sys.stderr)
+        from .sandbox import host_user_problem, host_user_warning
+
+        problem = host_user_problem(g.use_bwrap)
+        if problem:
+            print(f"warning: {host_user_warning(problem)}", file=sys.stderr)
     results = g.run(Path(args.submissions), regrade=args.regrade)
     best = latest_by_student(results)
     if args.nbgrader or args.notebooks:

@@ -51,6 +51,7 @@ from typing import Protocol
 
 from . import ROOT, slot_user
 from .run_dir import run_dir
+from .text import terminal
 
 COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and nothing else
 
@@ -521,12 +522,13 @@ class Bubblewrap:
 
 
 _AS_SLOT_USER: bool | None = None  # whether bubblewrap runs as a user of the sandbox's own here
+_SLOT_USER_PROBLEM: str | None = None  # why not, where it was tried and failed
 
 
 def _slot_user(sandbox: Bubblewrap) -> slot_user.SlotUser | None:
     """A user of the sandbox's own (:mod:`attn_course.slot_user`), where the grader is root and
     bubblewrap starts as that user here (tried once per process, with the sandbox's own binds)."""
-    global _AS_SLOT_USER
+    global _AS_SLOT_USER, _SLOT_USER_PROBLEM
     if _AS_SLOT_USER is False:
         return None
     user = slot_user.claim()
@@ -538,8 +540,13 @@ def _slot_user(sandbox: Bubblewrap) -> slot_user.SlotUser | None:
             r = subprocess.run(sandbox._launch(None) + [sys.executable, "-I", "-S", "-c", "pass"], capture_output=True,
                                timeout=60, cwd="/", env=worker_env("/tmp", None))
             _AS_SLOT_USER = r.returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
+            said = [line for line in r.stderr.decode(errors="replace").splitlines() if line.strip()]
+            _SLOT_USER_PROBLEM = None if _AS_SLOT_USER else (
+                f"bubblewrap did not start as uid {user.uid}: exit status {r.returncode}"
+                + (f", {terminal(said[-1], 200)}" if said else ""))
+        except (OSError, subprocess.TimeoutExpired) as err:
             _AS_SLOT_USER = False
+            _SLOT_USER_PROBLEM = f"bubblewrap did not start as uid {user.uid}: {type(err).__name__}"
         finally:
             sandbox.user = None
         if not _AS_SLOT_USER:
@@ -547,6 +554,30 @@ def _slot_user(sandbox: Bubblewrap) -> slot_user.SlotUser | None:
             user.release()
             return None
     return user
+
+
+def host_user_problem(use_bwrap: bool | None = None) -> str | None:
+    """Why this root grader's bubblewrap sandboxes would run as root on the host rather than as
+    users of their own (:mod:`attn_course.slot_user`); None where they would not (the grader is
+    not root, ``ATTN_COURSE_SLOT_UIDS=off`` asked for it, no bubblewrap) or they do.
+
+    Tried as grading tries it (:func:`_slot_user`, once per process): a sandbox is made and closed.
+    """
+    if not slot_user.wanted() or not uses_bwrap(use_bwrap):
+        return None
+    if _AS_SLOT_USER is None:
+        Bubblewrap(0, GRADING_LIMITS).close()
+    if _AS_SLOT_USER is None:  # no uid was claimed: the probe never ran
+        return slot_user.unclaimed_reason()
+    return _SLOT_USER_PROBLEM
+
+
+def host_user_warning(problem: str) -> str:
+    """The grader's warning where jobs run as root (``problem``: :func:`host_user_problem`'s)."""
+    return (f"jobs run as root on this machine, the grader's user, not as users of their own ({problem}): "
+            "what the kernel counts per user (inotify instances, pipe buffers, processes) is shared with "
+            "every root process here. Grade as an ordinary user, or let bubblewrap start as another user "
+            "(unprivileged user namespaces); ATTN_COURSE_SLOT_UIDS=off turns this check off")
 
 
 def uses_bwrap(use_bwrap: bool | None) -> bool:

@@ -74,18 +74,22 @@ def setting_problem() -> str | None:
     return None
 
 
+def _folder_path() -> Path:
+    try:
+        run = os.lstat("/run")
+        private = stat.S_ISDIR(run.st_mode) and run.st_uid == 0 and not run.st_mode & 0o022
+    except OSError:
+        private = False
+    return Path("/run" if private else tempfile.gettempdir()) / "attn-course-uids"
+
+
 def _folder() -> Path | None:
     """The claims' folder: made by root, mode 0700; None if what is there is anything else.
 
     In ``/run`` where only root may write there: in a shared ``/tmp`` any user could make
     the folder first, and so turn the sandboxes' own users off.
     """
-    try:
-        run = os.lstat("/run")
-        private = stat.S_ISDIR(run.st_mode) and run.st_uid == 0 and not run.st_mode & 0o022
-    except OSError:
-        private = False
-    path = Path("/run" if private else tempfile.gettempdir()) / "attn-course-uids"
+    path = _folder_path()
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -122,12 +126,25 @@ def _in_use(uid: int) -> bool:
     return False
 
 
+def wanted() -> bool:
+    """Whether sandboxes should run as users of their own here: root on Linux, and not ``off``."""
+    return sys.platform.startswith("linux") and os.geteuid() == 0 and _base() is not None
+
+
+def unclaimed_reason() -> str:
+    """Why :func:`claim` found no uid where one is :func:`wanted` (for the grader's warning)."""
+    if _folder() is None:
+        return f"{_folder_path()}, the folder of the uids' claims, is not a folder of root's own with mode 0700"
+    base = _base()
+    return f"every uid of {base}..{base + COUNT - 1} is claimed, or a named user's or a process's"
+
+
 def claim() -> SlotUser | None:
     """A uid of the range for one sandbox, or None: not root, not Linux, ``off``, or all taken."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+    if not wanted():
         return None
     base = _base()
-    folder = _folder() if base is not None else None
+    folder = _folder()
     if folder is None:
         return None
     for uid in range(base, base + COUNT):

@@ -121,17 +121,21 @@ def test_workers_without_the_package_are_refused_by_name(secret_env, tmp_path, c
 
 
 # a worker node whose jobs would run without their filter of kernel calls (another processor, a
-# kernel without seccomp filters: here, its probe's answer), loaded before the worker starts
+# kernel without seccomp filters: here, its probe's answer), and as root (a root worker whose
+# bubblewrap cannot start as another user: here, its probe's answer), loaded before the worker starts
 NO_FILTER = '''
 import attn_course.seccomp as _seccomp
 _seccomp.filter_problem = lambda timeout_s=20.0: "no filter for this processor (riscv64)"
+import attn_course.sandbox as _sandbox
+_sandbox.host_user_problem = lambda use_bwrap=None: "bubblewrap did not start as uid 2100000000: exit status 1"
 '''
 
 
 def test_notebooks_need_bubblewrap_on_the_workers_too(secret_env, tmp_path):
     """A worker node without bubblewrap (here: none on its PATH) never runs notebook code with
     limits only, as the local grader never does; a library batch there is warned about.  So is
-    a node whose jobs would run without their filter of kernel calls (the same node, here)."""
+    a node whose jobs would run without their filter of kernel calls, or as root (the same node,
+    here)."""
     subs = _honest(tmp_path / "submitted", "ok.zip", "on-time")
     (tmp_path / "no_filter.py").write_text(NO_FILTER)
     with _cluster(env={"PATH": str(tmp_path / "no-bin")}, preload=[str(tmp_path / "no_filter.py")]) as c:
@@ -150,6 +154,8 @@ def test_notebooks_need_bubblewrap_on_the_workers_too(secret_env, tmp_path):
     assert any(line.startswith("warning: 1 of 1 Dask workers") and "bubblewrap" in line for line in lines), lines
     assert any(line.startswith("warning: on 1 of 1 Dask workers") and "without their filter of kernel calls "
                "(no filter for this processor (riscv64))" in line for line in lines), lines
+    assert any(line.startswith("warning: on 1 of 1 Dask workers") and "jobs run as root on this machine" in line
+               and "(bubblewrap did not start as uid 2100000000: exit status 1)" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("jobs", ["0", "-3"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -185,3 +186,77 @@ def test_grade_refuses_a_range_of_uids_that_cannot_be(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("attn-course: ATTN_COURSE_SLOT_UIDS=") and value in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+# -- where bubblewrap cannot start as another user, the root grader says its jobs run as root ----------
+
+SECRET = "host-user-test-secret-" + "7" * 24
+REFUSED = "bwrap: setting up uid map: Permission denied"
+
+
+def _bubblewrap_refuses_other_users(monkeypatch, base: int) -> None:
+    """This process as on a host where bubblewrap cannot start as another user (Ubuntu's rule
+    against unprivileged user namespaces): its launcher fails as bubblewrap does there, and the
+    process has not tried yet."""
+    from attn_course import sandbox
+
+    if os.geteuid() != 0:
+        pytest.skip("only a root grader gives each sandbox a user of its own")
+    if not sandbox.bwrap_works():
+        pytest.skip("no working bubblewrap here")
+    monkeypatch.setenv(slot_user.ENV, str(base))
+    monkeypatch.setattr(sandbox, "_AS_SLOT_USER", None)
+    monkeypatch.setattr(sandbox, "_launcher", lambda *a, **k: ["sh", "-c", f"echo '{REFUSED}' >&2; exit 1", "sh"])
+
+
+def test_grade_warns_where_its_jobs_would_run_as_root(secret_env, tmp_path, monkeypatch, capsys):
+    from attn_course import cli, sandbox
+
+    base = 2_060_000_000
+    _bubblewrap_refuses_other_users(monkeypatch, base)
+    (tmp_path / "submitted").mkdir()
+    rc = cli.main(["grade", str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--exercises", "3.5"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("warning: jobs run as root")]
+    assert len(warned) == 1, err
+    assert f"bubblewrap did not start as uid {base}: exit status 1, {REFUSED}" in warned[0]
+    # the sandboxes of this process now run as the grader's user, without trying again
+    box = sandbox.Bubblewrap(95)
+    try:
+        assert box.user is None
+    finally:
+        box.close()
+    again = slot_user.claim()  # the probe's uid was released
+    try:
+        assert again is not None and again.uid == base
+    finally:
+        again.release()
+
+
+def test_no_warning_where_sandboxes_are_users_of_their_own_or_need_none(monkeypatch):
+    from attn_course import sandbox
+
+    if os.geteuid() != 0 or not sandbox.bwrap_works():
+        pytest.skip("a root grader with a working bubblewrap")
+    fresh = subprocess.run([sys.executable, "-c",
+                            "from attn_course.sandbox import host_user_problem as p; print(p())"],
+                           capture_output=True, text=True, timeout=120)
+    assert fresh.stdout.strip() == "None", fresh.stderr  # this machine: they run as users of their own
+    _bubblewrap_refuses_other_users(monkeypatch, 2_060_000_100)
+    assert sandbox.host_user_problem(use_bwrap=False) is None  # limits only: warned about as such
+    monkeypatch.setenv(slot_user.ENV, "off")
+    assert sandbox.host_user_problem() is None  # the instructor asked for the grader's user
+    monkeypatch.setenv(slot_user.ENV, "2060000100")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert sandbox.host_user_problem() is None  # not root: the grader's user is nobody's else
+    assert sandbox._AS_SLOT_USER is None  # (and nothing was tried)
+
+
+def test_no_uid_to_claim_is_named(monkeypatch):
+    from attn_course import sandbox
+
+    _bubblewrap_refuses_other_users(monkeypatch, 2_060_000_200)
+    monkeypatch.setattr(slot_user, "_folder", lambda: None)  # as where the claims' folder is not root's
+    problem = sandbox.host_user_problem()
+    assert problem is not None and "attn-course-uids" in problem and "mode 0700" in problem, problem
