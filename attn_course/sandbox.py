@@ -479,11 +479,14 @@ class Bubblewrap:
         # (a CI clone), and a later tmpfs would hide their binds
         # --as-pid-1: the server is its pid namespace's init, to which no process of the namespace
         # can send a signal it has no handler for: a job cannot stop or kill its server.  /dev is
-        # read-only (a file there would outlive its job); /dev/shm is emptied after each job
+        # read-only (a file there would outlive its job); /dev/shm is emptied after each job.  /dev/pts
+        # is an empty read-only folder: the kernel counts ptys for the whole machine (kernel.pty.max),
+        # and a job that opened /dev/ptmx 3071 times left none to containers or other sandboxes
         argv = [shutil.which("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns",
                 "--die-with-parent", "--as-pid-1", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
                 "--size", size, "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
-                "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--remount-ro", "/",
+                "--size", size, "--tmpfs", "/dev/shm", "--size", "4096", "--tmpfs", "/dev/pts",
+                "--remount-ro", "/dev/pts", "--remount-ro", "/dev", "--remount-ro", "/",
                 "--chdir", "/", "--clearenv"]
         for k, v in worker_env("/tmp", self.cache).items():
             argv += ["--setenv", k, v]

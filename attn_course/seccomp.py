@@ -18,7 +18,10 @@ still there after the sandbox closed); and new sockets (``socket``,
 queued 1 GB in loopback TCP buffers, which a cgroup v1 memory group does not
 count, and held 400 descriptors in flight on a unix socket, which the kernel
 counts per user: the other slot's server, the same user, could then pass no
-descriptor to its template, and its honest job failed).
+descriptor to its template, and its honest job failed); and asynchronous I/O
+contexts (``io_setup``: the kernel counts their events for the whole machine,
+``fs.aio-max-nr``; the red team's job took all 65536, and the grader's own
+``io_setup`` failed while the job lived).
 A job's process (forked by the server's template, :func:`attn_course.worker._child`) installs this filter
 before it reads its job, in the grading sandboxes (bubblewrap, and limits
 only); ``check``'s Plain sandbox runs the student's own code on their own
@@ -61,6 +64,7 @@ CALLS = {
     "sethostname": (170, 161), "setdomainname": (171, 162), "setsid": (112, 157),
     "memfd_create": (319, 279), "memfd_secret": (447, 447), "shmget": (29, 194),
     "msgget": (68, 186), "semget": (64, 190), "socket": (41, 198), "socketpair": (53, 199),
+    "io_setup": (206, 0),
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column of CALLS
 X32_BIT = 0x40000000  # x86-64's x32 calls: the same numbers with this bit

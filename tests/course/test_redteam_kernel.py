@@ -51,7 +51,8 @@ def _escapes():
                            ("keyctl", {"x86_64": 250, "aarch64": 219}, (0, _ct.c_long(-3), 0)),  # GET_KEYRING_ID
                            ("perf_event_open", {"x86_64": 298, "aarch64": 241}, (None, 0, -1, -1, 0)),
                            ("userfaultfd", {"x86_64": 323, "aarch64": 282}, (0,)),
-                           ("bpf", {"x86_64": 321, "aarch64": 280}, (0, None, 0))):
+                           ("bpf", {"x86_64": 321, "aarch64": 280}, (0, None, 0)),
+                           ("io_setup", {"x86_64": 206, "aarch64": 0}, (1, _ct.byref(_ct.c_ulong(0))))):
         number = nr.get(_os.uname().machine)
         # (a descriptor, or the kernel's own answer to these arguments: the call reached its code)
         if number is not None and _in_child(lambda: _reached(number, *args)):
@@ -92,7 +93,7 @@ def test_a_job_in_bubblewrap_gets_no_namespace_capability_id_or_mount(tmp_path):
 
 # what the seccomp filter alone refuses (the rest is bubblewrap's: ids, capabilities, a mount)
 FILTERED = ("Seccomp", "unshare(", "chroot", "io_uring_setup", "keyctl", "perf_event_open", "userfaultfd", "bpf",
-            "int 0x80", "x32")
+            "io_setup", "int 0x80", "x32")
 
 
 def test_with_limits_only_a_job_still_gets_the_filter(tmp_path):

@@ -209,7 +209,7 @@ def _devices():
     out = []
     for path in ("/dev/userfaultfd", "/dev/kvm", "/dev/fuse", "/dev/net/tun", "/dev/loop-control",
                  "/dev/vhost-net", "/dev/vhost-vsock", "/dev/kmsg", "/dev/tty", "/dev/nvidiactl",
-                 "/dev/dri/card0", "/dev/hpet", "/dev/console"):
+                 "/dev/dri/card0", "/dev/hpet", "/dev/console", "/dev/ptmx", "/dev/pts/ptmx"):
         try:
             fd = _os.open(path, _os.O_RDONLY | _os.O_NONBLOCK | _os.O_NOCTTY)
         except OSError:
