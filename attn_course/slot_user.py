@@ -11,7 +11,8 @@ long as it ran.  With a user of its own, what a job takes of such a count
 it takes from itself.
 
 A sandbox claims a uid of the range ``ATTN_COURSE_SLOT_UIDS`` (its first
-uid, :data:`DEFAULT_BASE` by default; ``off``: every sandbox runs as the
+uid; by default a range of the grader's pid namespace's own, from
+:data:`DEFAULT_BASE` on, :func:`default_base`; ``off``: every sandbox runs as the
 grader's user, as before) for as long as it lives: the claim is a ``flock``
 on a file named by the uid in a folder only root can use (in ``/run``), which
 the kernel releases however the grader ends.  A uid that a named user or
@@ -34,7 +35,9 @@ from pathlib import Path
 
 ENV = "ATTN_COURSE_SLOT_UIDS"
 DEFAULT_BASE = 2_100_000_000  # far above the ranges that systems give their users and containers
-COUNT = 4096  # sandboxes that can live at once on one machine
+COUNT = 4096  # sandboxes that can live at once in one pid namespace
+BLOCKS = (2**32 - 2 - DEFAULT_BASE) // COUNT  # the default ranges, one a pid namespace
+_NS_FIRST = 0xF0000000  # the kernel numbers its namespaces from here (PROC_DYNAMIC_FIRST), lowest free first
 
 
 @dataclass
@@ -55,7 +58,7 @@ def _base() -> int | None:
     if value.lower() == "off":
         return None
     if not value:
-        return DEFAULT_BASE
+        return default_base()
     try:
         base = int(value)
     except ValueError:
@@ -63,6 +66,28 @@ def _base() -> int | None:
     if not 1000 <= base <= 2**32 - 2 - COUNT:
         raise ValueError(f"{ENV}={base}: the range {base}..{base + COUNT - 1} must lie within 1000..{2**32 - 2}")
     return base
+
+
+def default_base() -> int:
+    """The first uid of this pid namespace's own range of :data:`COUNT`, from :data:`DEFAULT_BASE` on.
+
+    Graders in containers of one kernel (Kubernetes pods run as root, Docker
+    containers) share its uids but see neither each other's claims (their own
+    ``/run``) nor each other's processes (their own pid namespace): with one
+    range for all, two of them gave their sandboxes the same uid, and a job in
+    one took the inotify instances of an honest job in the other.  The kernel
+    numbers each living namespace apart (the inode of ``/proc/self/ns/pid``,
+    from :data:`_NS_FIRST` on, lowest free first; the machine's own has a fixed
+    number below), so the graders of two pid namespaces get two ranges.  Processes of one pid namespace see each other,
+    and coordinate through the claims' folder.
+    """
+    try:
+        ino = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ino = 0
+    # the machine's own pid namespace (a fixed number below the others): the first range
+    block = 1 + (ino - _NS_FIRST) % (BLOCKS - 1) if ino >= _NS_FIRST else 0
+    return DEFAULT_BASE + block * COUNT
 
 
 def setting_problem() -> str | None:

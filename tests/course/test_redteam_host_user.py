@@ -260,3 +260,32 @@ def test_no_uid_to_claim_is_named(monkeypatch):
     monkeypatch.setattr(slot_user, "_folder", lambda: None)  # as where the claims' folder is not root's
     problem = sandbox.host_user_problem()
     assert problem is not None and "attn-course-uids" in problem and "mode 0700" in problem, problem
+
+
+def test_graders_in_two_containers_give_their_sandboxes_two_uids(monkeypatch):
+    """Found by the red team: two graders on one kernel, each in a container of its own (its own
+    ``/run`` and pid namespace: Kubernetes pods or Docker containers run as root), claimed the
+    same uid, and a job in one took the inotify instances of an honest job in the other.  Each pid
+    namespace now has a range of its own (here the other grader is a process in a new pid and
+    mount namespace, with a fresh ``/run``, as a container has)."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("root, and unshare(1), to stand in for a container")
+    monkeypatch.delenv(slot_user.ENV, raising=False)
+    code = "from attn_course import slot_user as s; u = s.claim(); print(u.uid if u else None, s.default_base())"
+    ours = slot_user.claim()
+    try:
+        assert ours is not None and slot_user.default_base() <= ours.uid < slot_user.default_base() + slot_user.COUNT
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private",
+                            "sh", "-c", 'mount -t tmpfs -o mode=755 tmpfs /run && exec "$0" -c "$1"', sys.executable,
+                            code], capture_output=True, text=True, timeout=120, cwd=str(os.getcwd()))
+        assert r.returncode == 0, r.stderr
+        theirs, their_base = map(int, r.stdout.split())
+    finally:
+        ours.release()
+    assert their_base != slot_user.default_base()
+    assert their_base <= theirs < their_base + slot_user.COUNT
+    assert theirs + slot_user.COUNT <= 2**32 - 1
+    ranges = sorted([slot_user.default_base(), their_base])
+    assert ranges[0] + slot_user.COUNT <= ranges[1]  # two ranges apart, not only two uids
