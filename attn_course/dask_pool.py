@@ -379,24 +379,24 @@ class DaskPool:
         calls (:func:`~attn_course.seccomp.filter_problem`, asked on every worker)."""
         from .seccomp import filter_problem, unfiltered_warning
 
-        problems = self._on_every_worker(filter_problem)
-        without = sorted(w for w, problem in problems.items() if problem)
-        if without:
-            problem = terminal(str(problems[without[0]]), 300)
-            self.grader.log(f"warning: on {len(without)} of {len(problems)} Dask workers (e.g. {without[0]}), "
-                            f"{unfiltered_warning(problem)}")
+        self._warn_where(filter_problem, (), unfiltered_warning)
 
     def _check_host_users(self) -> None:
         """As locally: a warning where a root worker's jobs would run as root on its host
         (:func:`~attn_course.sandbox.host_user_problem`, asked on every worker)."""
         from .sandbox import host_user_problem, host_user_warning
 
-        problems = self._on_every_worker(host_user_problem, self.config.use_bwrap)
-        as_root = sorted(w for w, problem in problems.items() if problem)
-        if as_root:
-            problem = terminal(str(problems[as_root[0]]), 300)
-            self.grader.log(f"warning: on {len(as_root)} of {len(problems)} Dask workers (e.g. {as_root[0]}), "
-                            f"{host_user_warning(problem)}")
+        self._warn_where(host_user_problem, (self.config.use_bwrap,), host_user_warning)
+
+    def _warn_where(self, probe, args: tuple, warning) -> None:
+        """One line in the grader's log naming how many workers ``probe(*args)`` finds a problem
+        on, and the first one's, as ``warning(problem)`` words it; nothing where none has one."""
+        problems = self._on_every_worker(probe, *args)
+        found = sorted(w for w, problem in problems.items() if problem)
+        if found:
+            problem = terminal(str(problems[found[0]]), 300)
+            self.grader.log(f"warning: on {len(found)} of {len(problems)} Dask workers (e.g. {found[0]}), "
+                            f"{warning(problem)}")
 
     def grade(self, todo: list[Path]) -> Iterator[tuple[Path, ArchiveResult]]:
         """Yields ``(archive, result)`` as each archive finishes, on whichever worker."""

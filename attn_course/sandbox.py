@@ -580,7 +580,8 @@ def host_user_warning(problem: str) -> str:
     return (f"jobs run as root on this machine, the grader's user, not as users of their own ({problem}): "
             "what the kernel counts per user (inotify instances, pipe buffers, processes) is shared with "
             "every root process here. Grade as an ordinary user, or let bubblewrap start as another user "
-            "(unprivileged user namespaces); ATTN_COURSE_SLOT_UIDS=off turns this check off")
+            "(unprivileged user namespaces); ATTN_COURSE_SLOT_UIDS=off runs them as the grader's user "
+            "without this warning")
 
 
 def uses_bwrap(use_bwrap: bool | None) -> bool:

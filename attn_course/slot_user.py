@@ -78,8 +78,9 @@ def default_base() -> int:
     one took the inotify instances of an honest job in the other.  The kernel
     numbers each living namespace apart (the inode of ``/proc/self/ns/pid``,
     from :data:`_NS_FIRST` on, lowest free first; the machine's own has a fixed
-    number below), so the graders of two pid namespaces get two ranges.  Processes of one pid namespace see each other,
-    and coordinate through the claims' folder.
+    number below), so the graders of two pid namespaces get two ranges.
+    Processes of one pid namespace see each other, and coordinate through the
+    claims' folder.
     """
     try:
         ino = os.stat("/proc/self/ns/pid").st_ino
