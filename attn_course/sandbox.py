@@ -37,6 +37,7 @@ tooling is the only thing put on the path, read-only.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -210,7 +211,8 @@ _made = 0  # sandboxes made by this process (each has groups of its own)
 
 
 def _pid_namespace() -> str:
-    """Which pid namespace this process is in: a group's pid means something only in its own."""
+    """Which pid namespace this process is in: with the pid, a group's name is unique on the machine
+    (two graders in two containers may have the same pid)."""
     try:
         return str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
@@ -227,7 +229,10 @@ class SlotGroups:
 
     Every server of the sandbox joins them (:mod:`attn_course.limit`); :meth:`kill` ends what
     is left in them after a server, :meth:`remove` deletes them when the sandbox is closed.
-    Groups left by a grader that died (its process is gone) are removed when the next is made.
+    The grader holds a lock (``flock``) on each group's folder for as long as the sandbox
+    lives, and the kernel drops it when the grader dies, however it dies: groups whose lock
+    can be taken are left over, and the next grader to make groups removes them
+    (:func:`_sweep`), a grader's in another pid namespace (a container's) included.
     """
 
     def __init__(self, slot: int, limits: Limits):
@@ -235,6 +240,7 @@ class SlotGroups:
         _made += 1
         name = f"{_GROUP_PREFIX}{_pid_namespace()}-{os.getpid()}-slot{slot}-{_made}"
         self.paths: list[Path] = []
+        self._locks: list[int] = []  # a locked descriptor of each group's folder, while the sandbox lives
         self.events: Path | None = None  # where the pids group counts the forks it refused ("max N")
         self.oom_events: Path | None = None  # where the memory group counts the processes it killed ("oom_kill N")
         total = limits.total_memory_mb * 2**20
@@ -267,9 +273,8 @@ class SlotGroups:
             return False
         _sweep(base)
         group = base / name
-        try:
-            group.mkdir(exist_ok=True)
-        except OSError:
+        lock = _claim(group)
+        if lock is None:
             return False
         for key, value in settings.items():
             try:
@@ -277,8 +282,10 @@ class SlotGroups:
             except OSError:
                 if required is None or key in required:  # v2: the CPU controller may not be delegated
                     _rmdir(group)
+                    os.close(lock)
                     return False
         self.paths.append(group)
+        self._locks.append(lock)
         return True
 
     def refused(self) -> int:
@@ -297,8 +304,10 @@ class SlotGroups:
     def remove(self) -> None:
         self.kill()
         for group in self.paths:
-            _rmdir(group)
-        self.paths = []
+            _rmdir(group)  # while still holding its lock
+        for lock in self._locks:
+            os.close(lock)
+        self.paths, self._locks = [], []
         self.events = self.oom_events = None
 
 
@@ -319,24 +328,60 @@ def _count(events: Path | None, key: str) -> int:
 _swept: set[Path] = set()
 
 
-def _sweep(base: Path) -> None:
-    """Remove (once per process and hierarchy) the empty groups of graders that no longer run.
+def _locked(group: Path) -> int | None:
+    """A descriptor of ``group``'s folder holding its lock, or None where the lock is someone else's
+    or the folder is gone (a sweep took it): the lock is checked to be on the folder the name still
+    names, so a folder removed between its ``mkdir`` and its lock is never taken for a live one."""
+    try:
+        fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.path.samestat(os.fstat(fd), os.stat(group)):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
-    Only groups made in this pid namespace are looked at: a grader in another
-    (a container sharing the cgroup hierarchy) has pids that mean nothing here.
+
+def _claim(group: Path, tries: int = 5) -> int | None:
+    """Make ``group`` and lock it; its locked descriptor, or None where it cannot be made.
+
+    A sweep may take the new folder's lock first, between ``mkdir`` and ``flock`` (it is
+    empty and unlocked then), and remove it: then it is made again."""
+    for _ in range(tries):
+        try:
+            group.mkdir(exist_ok=True)
+        except OSError:
+            return None
+        lock = _locked(group)
+        if lock is not None:
+            return lock
+    return None
+
+
+def _sweep(base: Path) -> None:
+    """Remove (once per process and hierarchy) the groups of graders that no longer run.
+
+    A group is left over when its lock can be taken: the grader that made it holds the lock
+    until it removes the group, and the kernel releases it when that grader dies.  This holds
+    across pid namespaces, where a group's pid would mean nothing.  Only an empty group can be
+    removed (bubblewrap and the limits' launcher die with the grader that started them).
     """
     if base in _swept:
         return
     _swept.add(base)
-    ours = f"{_GROUP_PREFIX}{_pid_namespace()}-"
     try:
-        names = [p.name for p in base.iterdir() if p.name.startswith(ours)]
+        groups = [p for p in base.iterdir() if p.name.startswith(_GROUP_PREFIX)]
     except OSError:
         return
-    for name in names:
-        pid = name[len(ours):].split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            _rmdir(base / name)
+    for group in groups:
+        lock = _locked(group)
+        if lock is not None:
+            _rmdir(group)  # holding its lock: no grader is making or using it
+            os.close(lock)
 
 
 def _rmdir(group: Path) -> None:

@@ -59,27 +59,109 @@ def test_a_slot_is_capped_at_its_cores_and_its_groups_go_when_it_closes():
     assert not any(p.exists() for p in paths)
 
 
+# another grader: makes its groups, says where they are, and waits to be killed
+OTHER_GRADER = ("import sys\nfrom attn_course.sandbox import Limits, SlotGroups\n"
+                "g = SlotGroups(0, Limits())\nprint(','.join(map(str, g.paths)), flush=True)\nsys.stdin.read()\n")
+
+
+def _other_grader(container: bool) -> tuple[subprocess.Popen, list[Path]]:
+    """A grader that made its groups and is still running; ``container``: in a pid namespace of
+    its own (``unshare``), where our pids mean nothing, as a grader in a container."""
+    argv = [sys.executable, "-c", OTHER_GRADER]
+    if container:
+        argv = ["unshare", "--pid", "--fork", "--mount-proc"] + argv
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=str(sandbox.ROOT))
+    line = proc.stdout.readline().strip()
+    assert line, "the other grader made no groups"
+    return proc, [Path(p) for p in line.split(",")]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL, as the OOM killer or a lost container: it removes nothing of its own."""
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    for _ in range(3000):  # and the grader under unshare, which may end after unshare itself
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the other grader outlived SIGKILL")
+
+
 def test_groups_of_a_grader_that_died_are_removed_and_others_kept(monkeypatch):
+    """Each group's folder is locked while its sandbox lives, and a sweep removes those whose lock it
+    can take: a killed grader's, in this pid namespace or another (a container's, whose pids mean
+    nothing here; they were kept for ever before), never a live grader's, in either."""
+    import shutil
+
     probe = _groups_or_skip(Limits())
     base = probe.paths[0].parent
     probe.remove()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    container = os.geteuid() == 0 and shutil.which("unshare") is not None
     ns = sandbox._pid_namespace()
-    stale = base / f"attn-course-{ns}-{dead.pid}-slot0-1"
-    alive = base / f"attn-course-{ns}-{os.getpid()}-slot9-99"
-    elsewhere = base / f"attn-course-{ns}0-{dead.pid}-slot0-1"  # another pid namespace: not ours to judge
-    for p in (stale, alive, elsewhere):
-        p.mkdir()
+    unlocked = base / f"attn-course-{ns}-{os.getpid()}-slot9-99"  # our pid and namespace, but nobody's lock
+    others = [_other_grader(False)] + ([_other_grader(True)] if container else [])
     try:
+        unlocked.mkdir()
         monkeypatch.setattr(sandbox, "_swept", set())
-        fresh = SlotGroups(1, Limits())
-        assert not stale.exists() and alive.exists() and elsewhere.exists()
+        ours = SlotGroups(1, Limits())
+        for _, paths in others:  # alive: kept, in either namespace
+            assert all(p.exists() for p in paths), paths
+        assert not unlocked.exists()
+        for proc, _ in others:
+            _kill(proc)
+        for _, paths in others:  # their groups outlived them, empty
+            assert all(p.exists() for p in paths), paths
+        assert all(p.exists() for p in ours.paths)
+        monkeypatch.setattr(sandbox, "_swept", set())
+        fresh = SlotGroups(2, Limits())
+        for _, paths in others:
+            assert not any(p.exists() for p in paths), paths
+        assert all(p.exists() for p in ours.paths)  # a live grader's (ours) kept
         fresh.remove()
+        ours.remove()
     finally:
-        for p in (stale, alive, elsewhere):
-            if p.exists():
-                p.rmdir()
+        for proc, paths in others:
+            if proc.poll() is None:
+                _kill(proc)
+            for p in paths:
+                if p.exists():
+                    p.rmdir()
+        if unlocked.exists():
+            unlocked.rmdir()
+
+
+def test_a_group_a_sweep_takes_while_it_is_made_is_made_again(monkeypatch):
+    """Between ``mkdir`` and the lock a new group is empty and unlocked: another grader's sweep may
+    lock and remove it then, and the maker's lock is then on a folder that is gone.  The maker sees
+    that and makes the group again, rather than writing its limits to nothing."""
+    import fcntl
+
+    probe = _groups_or_skip(Limits())
+    probe.remove()
+    real, raced = fcntl.flock, []
+
+    def swept_first(fd, how):
+        if not raced:  # another grader's sweep takes the folder our descriptor is of, first
+            raced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            theirs = os.open(raced[0], os.O_RDONLY | os.O_DIRECTORY)
+            real(theirs, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rmdir(raced[0])
+            os.close(theirs)
+        return real(fd, how)
+
+    monkeypatch.setattr(fcntl, "flock", swept_first)
+    groups = SlotGroups(3, Limits())
+    monkeypatch.undo()
+    try:
+        assert raced and groups.paths and str(groups.paths[0]) == raced[0]
+        assert (groups.paths[0] / "pids.max").read_text().strip() == str(Limits().processes)
+    finally:
+        groups.remove()
 
 
 def test_a_limited_sandbox_removes_its_groups_when_closed():
