@@ -3,10 +3,15 @@
 Apply resource limits to this process, join cgroups (comma-separated, or
 ``-``), optionally enter a new network namespace, start a new session,
 then, as root for a sandbox of its own user (:mod:`attn_course.slot_user`):
-bind each folder or file of STAGE (a JSON list of ``[source, mount point]``,
-or ``-``) on its mount point in a mount namespace of its own (the user may
-not reach the source itself: a Python under ``/root``), and become user and
-group UID with no other group (``-``: stay who it is); then ``exec`` ARGV.  A separate tiny
+bind each folder or file of STAGE (a JSON list of ``[source, mount point]``
+or ``[source, mount point, "restore"]``, or ``-``) on its mount point in a
+mount namespace of its own (the user may not reach the source itself: a
+Python under ``/root``); a source marked ``restore`` is then seen at its own
+path again (for the limits-only sandbox, which has no root of its own to bind
+it into): each folder above it that others may not pass through (``/root``)
+is covered by an empty read-only tmpfs holding only the sources under it.
+Then become user and group UID with no other group (``-``: stay who it is),
+and ``exec`` ARGV.  A separate tiny
 program (it imports nothing heavy) instead of a ``preexec_fn``, because the
 grader holds JAX's threads and ``fork`` + Python code in the child is unsafe
 there.
@@ -15,10 +20,48 @@ there.
 import ctypes
 import os
 import resource
+import stat
 import sys
 
 CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 0x1, 0x2, 0x4, 0x20
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+
+
+def closed_above(path: str) -> str | None:
+    """The highest folder above ``path`` that others may not pass through (no ``o+x``), or None."""
+    parts = path.split("/")[1:-1]
+    for k in range(1, len(parts) + 1):
+        folder = "/" + "/".join(parts[:k])
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            return folder
+    return None
+
+
+def _mount(libc, source, target, fstype, flags, data=None) -> None:
+    if libc.mount(source and os.fsencode(source), os.fsencode(target), fstype, flags, data) != 0:
+        raise OSError(ctypes.get_errno(), f"cannot mount {source or fstype} on {target}")
+
+
+def _restore(libc, staged: list) -> None:
+    """Each source marked ``restore`` at its own path again, through the covers of the folders above it."""
+    restored = sorted((source, point) for source, point, *how in staged if how == ["restore"])
+    covers = sorted({c for c in (closed_above(source) for source, _ in restored) if c})
+    for _, point in restored:
+        if any(point.startswith(cover + "/") for cover in covers):  # a cover would hide it
+            raise OSError(f"the stage {point} lies under {[c for c in covers if point.startswith(c + '/')][0]}")
+    for cover in covers:
+        _mount(libc, None, cover, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=755,size=64k")
+    for source, point in restored:
+        if any(source.startswith(cover + "/") for cover in covers):
+            if os.path.isdir(point):
+                os.makedirs(source, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(source), exist_ok=True)
+                open(source, "a").close()
+            _mount(libc, point, source, None, MS_BIND | MS_REC)
+    for cover in covers:  # nothing more is made there
+        _mount(libc, None, cover, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def main() -> None:
@@ -47,9 +90,11 @@ def main() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "cannot make a mount namespace for the sandbox's binds")
-        for source, point in json.loads(stage):
+        staged = json.loads(stage)
+        for source, point, *_ in staged:
             if libc.mount(os.fsencode(source), os.fsencode(point), None, MS_BIND | MS_REC, None) != 0:
                 raise OSError(ctypes.get_errno(), f"cannot bind {source} on {point}")
+        _restore(libc, staged)
     if uid != "-":  # last: the groups, the network namespace and the binds need root
         os.setgroups([])
         os.setgid(int(uid))

@@ -9,9 +9,10 @@ fresh child per job.  A :class:`Sandbox` says how that server is started:
 ``Limited``
     resource limits only (CPU seconds, address space, file size, open files,
     processes, no core dumps), a scrubbed environment, a private scratch
-    folder and, when the grader is root, no network.  It can read what the
-    grader's user can read (as root: every file, and devices such as
-    ``/dev/kvm``): the grader warns (:func:`limits_only_reach`).
+    folder and, when the grader is root, no network and a host user of its
+    own.  It can read what the grader's user can read (as root: what every
+    user may read; where no user of its own can be had, every file, and
+    devices such as ``/dev/kvm``): the grader warns (:func:`limits_only_reach`).
 ``Bubblewrap``
     the grading sandbox.  Everything is read-only (the system, the Python
     environment, the worker's few course modules bound at a neutral path:
@@ -191,7 +192,7 @@ class Plain:
 
 
 def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups | None", uid: int | None = None,
-              stage: list[tuple[str, str]] | None = None) -> list[str]:
+              stage: list[tuple[str, ...]] | None = None) -> list[str]:
     """The limits, applied by :mod:`attn_course.limit` just before exec; as ``uid`` (root only),
     with ``stage``'s ``(source, mount point)`` bound first."""
     limit = str(ROOT / "attn_course" / "limit.py")
@@ -414,8 +415,44 @@ def _rmtree(path: str) -> None:
     remove_tree(path)
 
 
+class Stage:
+    """Mount points for :mod:`attn_course.limit` to bind sources on, for a sandbox of its own user,
+    who may not reach the sources themselves (a Python under ``/root``): a folder or file each, in a
+    folder of the grader's run folder, made as they are asked for."""
+
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+        self.points: dict[str, str] = {}  # a bind's source -> its mount point
+
+    def point(self, source: str) -> str:
+        """Where ``source`` is bound (made once)."""
+        if source not in self.points:
+            if self.folder is None:
+                self.folder = Path(tempfile.mkdtemp(prefix="stage-", dir=run_dir()))
+                os.chmod(self.folder, 0o755)
+            point = self.folder / str(len(self.points))
+            if os.path.isdir(source):
+                point.mkdir()
+            else:
+                point.touch()
+            self.points[source] = str(point)
+        return self.points[source]
+
+    def remove(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder, self.points = None, {}
+
+
 class Limited:
-    """Resource limits without file isolation (where bubblewrap does not work)."""
+    """Resource limits without file isolation (where bubblewrap does not work).
+
+    Where the grader is root, the server runs as a host user of the sandbox's own
+    (:mod:`attn_course.slot_user`), not as root: a job then reads what every user may read,
+    writes only where every user may, and signals only its own processes.  Python and the
+    workers' cache are bound where that user reaches them, at their own paths, when they lie
+    under a folder only root may pass (``/root``: :mod:`attn_course.limit`'s ``restore``).
+    """
 
     kind = "limits"
     keeps_stopped_servers = False  # no pid namespace: what left the job's session is found by its cgroup only
@@ -423,24 +460,57 @@ class Limited:
     def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache
         self.groups = SlotGroups(slot, self.limits)
+        self.stage = Stage()
         self._scratch: str | None = None
+        self.user: slot_user.SlotUser | None = None
+        self.user = _limited_user(self)
+
+    def _sources(self) -> list[str]:
+        """What the sandbox's user must reach and may not by itself: Python, its environment and
+        the workers' cache, where a folder above them is closed to others."""
+        from .limit import closed_above
+
+        sources = {sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}
+        if self.cache is not None:
+            sources.add(str(self.cache))
+        return sorted(source for source in sources if closed_above(source))
+
+    def _launch(self, groups: SlotGroups | None) -> list[str]:
+        """The launcher: as the sandbox's user with its sources restored, or as the grader."""
+        if self.user is None:
+            return _launcher(self.limits, os.geteuid() == 0, groups)
+        stage = [(source, self.stage.point(source), "restore") for source in self._sources()]
+        return _launcher(self.limits, True, groups, self.user.uid, stage)
+
+    def _course(self) -> str:
+        """Where the server imports attn_course from: the workers' copy for a user of its own
+        (who may not reach the course's folder), else the course's folder."""
+        return str(Path(worker_course()).parent) if self.user is not None else str(ROOT)
 
     def server_command(self):
         self.cleanup()
         self._scratch = tempfile.mkdtemp(prefix="job-", dir=run_dir())
+        if self.user is not None:
+            os.chown(self._scratch, self.user.uid, self.user.uid)
         env = worker_env(self._scratch, self.cache)
-        argv = _launcher(self.limits, os.geteuid() == 0, self.groups) + _server_argv(str(ROOT), self._scratch)
-        return argv, env
+        argv = _server_argv(self._course(), self._scratch) + (["--own-user"] if self.user is not None else [])
+        return self._launch(self.groups) + argv, env
 
     def cleanup(self) -> None:
         self.groups.kill()
         if self._scratch:
             _rmtree(self._scratch)
             self._scratch = None
+        if self.user is not None:
+            _remove_owned(self.user.uid)
 
     def close(self) -> None:
         self.cleanup()
         self.groups.remove()
+        self.stage.remove()
+        if self.user is not None:
+            self.user.release()
+            self.user = None
 
     def processes_refused(self) -> int:
         return self.groups.refused()
@@ -449,16 +519,87 @@ class Limited:
         return self.groups.memory_kills()
 
 
-def limits_only_reach(as_root: bool | None = None) -> str:
-    """What a job run with limits only (:class:`Limited`) can reach, for the grader's warning:
-    what the grader's user can read, write and signal (the other slots' scratch folders and
-    servers included: they are the same user's) and, when that user is root, every file and some devices
-    (creating virtual machines through ``/dev/kvm``, network interfaces through ``/dev/net/tun``)."""
+def _remove_owned(uid: int) -> None:
+    """Remove what ``uid`` (a sandbox's own user) left in the folders every user may write to
+    (:data:`attn_course.worker.SHARED_FOLDERS`): files the next job of that user would find."""
+    from .worker import owned
+
+    for path in sorted(owned(uid)):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                _rmtree(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+_LIMITED_AS_SLOT_USER: bool | None = None  # whether the limits-only server runs as a user of its own here
+_LIMITED_PROBLEM: str | None = None  # why not, where it was tried and failed
+
+
+def _limited_user(sandbox: Limited) -> slot_user.SlotUser | None:
+    """A user of the sandbox's own, where the grader is root and Python starts and finds what a
+    server imports as that user here (tried once per process, with the sandbox's own binds)."""
+    global _LIMITED_AS_SLOT_USER, _LIMITED_PROBLEM
+    if _LIMITED_AS_SLOT_USER is False or os.geteuid() != 0 or not slot_user.wanted():
+        return None
+    user = slot_user.claim()
+    if user is None:
+        return None
+    if _LIMITED_AS_SLOT_USER is None:
+        sandbox.user = user
+        probe = ("import importlib.util as u, sys; sys.path.insert(0, sys.argv[1]); "
+                 "gone = [m for m in ('numpy', 'jax', 'jaxlib', 'attn_course.worker') if u.find_spec(m) is None]; "
+                 "sys.exit('cannot import ' + ', '.join(gone) if gone else 0)")
+        try:
+            r = subprocess.run(sandbox._launch(None) + [sys.executable, "-I", "-c", probe, sandbox._course()],
+                               capture_output=True, timeout=60, cwd="/", env=worker_env("/", None))
+            _LIMITED_AS_SLOT_USER = r.returncode == 0
+            said = [line for line in r.stderr.decode(errors="replace").splitlines() if line.strip()]
+            _LIMITED_PROBLEM = None if _LIMITED_AS_SLOT_USER else (
+                f"Python did not start as uid {user.uid}: exit status {r.returncode}"
+                + (f", {terminal(said[-1], 200)}" if said else ""))
+        except (OSError, subprocess.TimeoutExpired) as err:
+            _LIMITED_AS_SLOT_USER = False
+            _LIMITED_PROBLEM = f"Python did not start as uid {user.uid}: {type(err).__name__}"
+        finally:
+            sandbox.user = None
+        if not _LIMITED_AS_SLOT_USER:
+            sandbox.stage.remove()
+            user.release()
+            return None
+    return user
+
+
+def limits_only_reach(as_root: bool | None = None, own_users: bool | None = None) -> str:
+    """What a job run with limits only (:class:`Limited`) can reach, for the grader's warning.
+
+    Not as root: what the grader's user can read, write and signal (the other slots' scratch
+    folders and servers included: they are the same user's).  As root, where the sandboxes run
+    as users of their own (``own_users``; None: tried as grading tries it): what every user may
+    read and write.  As root otherwise: every file and some devices (creating virtual machines
+    through ``/dev/kvm``, network interfaces through ``/dev/net/tun``), and why no user of its own."""
     root = os.geteuid() == 0 if as_root is None else as_root
     if not root:
         return "and can read, write and signal what this user can (the other workers' files and processes too)"
+    problem = None
+    if own_users is None:
+        own_users = False
+        if slot_user.wanted() and os.geteuid() == 0:
+            if _LIMITED_AS_SLOT_USER is None:
+                Limited(0, GRADING_LIMITS).close()
+            own_users = bool(_LIMITED_AS_SLOT_USER)
+            problem = _LIMITED_PROBLEM if _LIMITED_AS_SLOT_USER is False else slot_user.unclaimed_reason()
+    if own_users:
+        return ("as users of their own, not root: they can read what every user of this machine may "
+                "(the course's folder too, where it is readable by all) and write where every user may "
+                "(a job that leaves a file in /tmp, /var/tmp or /dev/shm ends its server, and the file is removed); "
+                "install bubblewrap to hide the rest")
     return ("as root: they can read every file of this machine and open its devices "
-            "(/dev/kvm, /dev/net/tun), and write and signal what root can; grade as an ordinary user")
+            "(/dev/kvm, /dev/net/tun), and write and signal what root can"
+            + (f" (users of their own were tried: {problem})" if problem else "")
+            + "; grade as an ordinary user")
 
 
 def bwrap_works() -> bool:
@@ -482,8 +623,7 @@ class Bubblewrap:
     def __init__(self, slot: int = 0, limits: Limits | None = None, cache: Path | None = None):
         self.limits, self.cache = limits or Limits(), cache
         self.groups = SlotGroups(slot, self.limits)
-        self._stage: Path | None = None
-        self._staged: dict[str, str] = {}  # a bind's source -> its mount point in the stage
+        self.stage = Stage()
         # a host user of the sandbox's own where the grader is root (attn_course.slot_user), else
         # the grader's: bubblewrap maps the sandbox's uid 1000 to the user that starts it
         self.user: slot_user.SlotUser | None = None
@@ -500,25 +640,10 @@ class Bubblewrap:
             binds.append((str(self.cache), str(self.cache)))
         return binds
 
-    def _mount_point(self, source: str) -> str:
-        """Where :mod:`attn_course.limit` binds ``source`` for a sandbox of its own user, who
-        may not reach it (a Python under ``/root``): a folder or file of the stage, made once."""
-        if source not in self._staged:
-            if self._stage is None:
-                self._stage = Path(tempfile.mkdtemp(prefix="stage-", dir=run_dir()))
-                os.chmod(self._stage, 0o755)
-            point = self._stage / str(len(self._staged))
-            if os.path.isdir(source):
-                point.mkdir()
-            else:
-                point.touch()
-            self._staged[source] = str(point)
-        return self._staged[source]
-
     def bwrap_argv(self) -> list[str]:
         binds: list[str] = []
         for source, dest in self._binds():
-            binds += ["--ro-bind", source if self.user is None else self._mount_point(source), dest]
+            binds += ["--ro-bind", source if self.user is None else self.stage.point(source), dest]
         size = str(self.limits.scratch_mb * 2**20)
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds
@@ -541,7 +666,7 @@ class Bubblewrap:
         """The launcher, as the sandbox's user with its binds staged (or as the grader)."""
         bwrap = self.bwrap_argv()  # (stages what it binds)
         uid = None if self.user is None else self.user.uid
-        stage = list(self._staged.items()) if self.user is not None else None
+        stage = list(self.stage.points.items()) if self.user is not None else None
         return _launcher(self.limits, False, groups, uid, stage) + bwrap
 
     def server_command(self):
@@ -553,14 +678,9 @@ class Bubblewrap:
 
     def close(self) -> None:
         self.groups.remove()
-        self._unstage()
+        self.stage.remove()
         if self.user is not None:  # (a process of the sandbox left behind keeps its uid from others:
             self.user.release()    # slot_user.claim passes over a uid that a process runs as)
-
-    def _unstage(self) -> None:
-        if self._stage is not None:
-            shutil.rmtree(self._stage, ignore_errors=True)
-        self._stage, self._staged = None, {}
 
     def processes_refused(self) -> int:
         return self.groups.refused()
@@ -598,7 +718,7 @@ def _slot_user(sandbox: Bubblewrap) -> slot_user.SlotUser | None:
         finally:
             sandbox.user = None
         if not _AS_SLOT_USER:
-            sandbox._unstage()
+            sandbox.stage.remove()
             user.release()
             return None
     return user

@@ -1147,11 +1147,43 @@ def _socketpair():
         return socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 
 
-def serve(scratch: str, confined: bool = False) -> int:
+# the folders every user may write to: where a job of a user of its own (the limits-only
+# sandbox's, as root) may leave files for the next job of that user, another student's
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def owned(uid: int) -> frozenset[str]:
+    """What ``uid`` owns in :data:`SHARED_FOLDERS` and in the folders there that every user may
+    write to too (``/tmp/.X11-unix``)."""
+    found: set[str] = set()
+    folders, seen = list(SHARED_FOLDERS), set()
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if st.st_uid == uid:
+                        found.add(entry.path)
+                    elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        folders.append(entry.path)
+        except OSError:
+            pass
+    return frozenset(found)
+
+
+def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
     """A fork server: import once, then one fresh child per job (``--serve``).
 
     ``confined`` (``--confined``, the grading sandboxes): each job's process
     refuses the kernel calls that no job needs (:mod:`attn_course.seccomp`).
+    ``own_user`` (``--own-user``, the limits-only sandbox as a user of its own):
+    a job that leaves a file of that user in a folder every user may write to
+    ends the server (the grader removes the file before the next starts).
 
     Reads one JSON job per line from stdin, writes the job's package and the
     job itself into an empty ``scratch`` folder (the sandbox's private
@@ -1205,6 +1237,7 @@ def serve(scratch: str, confined: bool = False) -> int:
     keep = _snapshot(scratch)  # the mount points' parents, if a bind lives under it
     folders = [_folder(path) for path in (scratch, shm) if path] if in_pid_namespace else []
     keys = _keys()  # (the host's, in sight before any job)
+    shared = owned(os.getuid()) if own_user else frozenset()
     work = Path(scratch) / "job"
     # the template every job is forked from, forked before any job is read (see _template)
     ours, theirs = _socketpair()
@@ -1330,6 +1363,7 @@ def serve(scratch: str, confined: bool = False) -> int:
         # user can), and no socket left in flight with what it carries
         clean = clean and all(_marks(p, libc) == before for p, before in marks.items())
         clean = clean and (not in_pid_namespace or (_unix_sockets(), _inet_sockets()) == sockets)
+        clean = clean and (not own_user or owned(os.getuid()) == shared)
         try:
             code = os.waitstatus_to_exitcode(status) if status is not None else -9
         except ValueError:
@@ -1348,9 +1382,11 @@ def serve(scratch: str, confined: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) in (3, 4) and argv[0] == "--serve" and argv[1] == "--scratch" and argv[3:] in ([], ["--confined"]):
-        return serve(argv[2], confined=argv[3:] == ["--confined"])
-    print("usage: python -m attn_course.worker --serve --scratch DIR [--confined]", file=sys.stderr)
+    flags = set(argv[3:])
+    if (len(argv) >= 3 and argv[0] == "--serve" and argv[1] == "--scratch" and len(flags) == len(argv) - 3
+            and flags <= {"--confined", "--own-user"}):
+        return serve(argv[2], confined="--confined" in flags, own_user="--own-user" in flags)
+    print("usage: python -m attn_course.worker --serve --scratch DIR [--confined] [--own-user]", file=sys.stderr)
     return 2
 
 

@@ -383,22 +383,26 @@ def test_the_probe_finds_the_side_doors_outside_the_sandbox(tmp_path):
 
 
 def test_the_graders_warning_names_what_limits_only_leave_in_reach(limited_failures, tmp_path, monkeypatch, capsys):
-    """With limits only, a job opens what the grader's user opens.  Run as root, that is every
-    file and the devices the probe reached here (KVM, TUN, ...): the grader's warning says so,
-    and says to grade as an ordinary user; otherwise it says the user's files."""
+    """With limits only, a job opens what its user opens.  Run as root, the jobs run as users of
+    their own (test_redteam_limited_user), and the warning says what every user may reach; where
+    they cannot, as root, it says every file and the devices the probe reached here (KVM, TUN,
+    ...), and to grade as an ordinary user.  Not as root: the user's files."""
     import os
 
     from attn_course import cli, sandbox
 
     text = sandbox.limits_only_reach()
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and sandbox._LIMITED_AS_SLOT_USER:
+        assert "users of their own, not root" in text and "bubblewrap" in text, text
+    elif os.geteuid() == 0:
         assert "every file" in text and "ordinary user" in text, text
         if limited_failures and "D" in _codes(limited_failures):  # the probe opened devices here
             assert "/dev/kvm" in text, (text, limited_failures)
     else:
         assert text == sandbox.limits_only_reach(as_root=False)
-    assert "/dev/kvm" in sandbox.limits_only_reach(as_root=True)
+    assert "/dev/kvm" in sandbox.limits_only_reach(as_root=True, own_users=False)
     assert "/dev" not in sandbox.limits_only_reach(as_root=False)
+    assert "/dev/kvm" not in sandbox.limits_only_reach(as_root=True, own_users=True)
 
     (tmp_path / "subs").mkdir()
     monkeypatch.setattr(sandbox, "bwrap_works", lambda: False)

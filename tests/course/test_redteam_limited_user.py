@@ -1,0 +1,144 @@
+"""The limits-only sandbox as root: its jobs run as a user of their own, not as root.
+
+Where bubblewrap does not work (a Docker container without user namespaces,
+run as root), grading falls back on limits only.  Its jobs ran as root: they
+could read the grader's environment (the course secret) and memory, write
+into the Python environment (a ``sitecustomize.py`` that outlives the job
+and runs in the grader), signal the grader and open ``/dev/kvm``.  Now the
+server runs as a host user of the sandbox's own (:mod:`attn_course.slot_user`),
+with Python bound where that user reaches it when it lies under ``/root``
+(:mod:`attn_course.limit`'s ``restore``).  What a job leaves in the folders
+every user may write to ends its server and is removed before the next job
+of that user, another student's, starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from attn_course import sandbox, slot_user
+from attn_course.sandbox import Limited, Limits
+
+from server_jobs import package, spy, spy_source, started
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not slot_user.wanted(),
+                                reason="users of their own need a root grader (CI runs as root)")
+
+# what a job reached that a user of its own may not (the spy's findings)
+REACH = """
+import sys as _sys
+if _os.getuid() == 0 or _os.geteuid() == 0:
+    found.append('runs as root')
+for _path in ({secret!r}, '/proc/{grader}/environ', '/proc/{grader}/mem', '/proc/1/environ'):
+    try:
+        with open(_path, 'rb') as _f:
+            _f.read(1)
+        found.append('read ' + _path)
+    except OSError:
+        pass
+try:
+    open(_os.path.join(_sys.prefix, 'planted_by_a_job.py'), 'w').close()
+    found.append('wrote into the Python environment')
+except OSError:
+    pass
+try:
+    _os.kill({grader}, 0)
+    found.append('may signal the grader')
+except OSError:
+    pass
+for _dev in ('/dev/kvm', '/dev/net/tun'):
+    try:
+        _os.close(_os.open(_dev, _os.O_RDWR))
+        found.append('opened ' + _dev)
+    except OSError:
+        pass
+"""
+
+
+@pytest.fixture
+def secret_file():
+    """A file only root may read, in a folder every user may pass through (so only its own mode
+    keeps a job out)."""
+    folder = tempfile.mkdtemp(prefix="attn-limited-")
+    os.chmod(folder, 0o755)
+    path = Path(folder) / "secret.txt"
+    path.write_text("only root reads this")
+    os.chmod(path, 0o600)
+    yield path
+    path.unlink()
+    os.rmdir(folder)
+
+
+def test_a_limits_only_job_of_a_root_grader_is_not_root(tmp_path, secret_file):
+    planted = Path(sys.prefix) / "planted_by_a_job.py"
+    box = Limited(70, Limits())
+    try:
+        assert box.user is not None, sandbox._LIMITED_PROBLEM  # Python started as that user here
+        with started(box) as server:
+            failed = spy(server, package(tmp_path, spy_source(REACH.format(secret=str(secret_file),
+                                                                             grader=os.getpid()))))
+    finally:
+        box.close()
+        if planted.exists():
+            planted.unlink()
+    assert failed == [], failed
+
+
+def test_what_a_job_leaves_where_every_user_writes_is_gone_before_the_next(tmp_path):
+    """A job of a user of its own leaves files in /tmp and /dev/shm (and in a folder there that
+    every user may write to) for the next job of that user, which looks for them."""
+    token = os.urandom(4).hex()
+    public = Path(tempfile.mkdtemp(prefix="attn-public-"))
+    os.chmod(public, 0o1777)
+    left = [f"/tmp/left-{token}", f"/dev/shm/left-{token}", str(public / f"left-{token}")]
+    leave = "".join(f"open({p!r}, 'w').close()\n" for p in left)
+    look = "".join(f"if _os.path.exists({p!r}):\n    found.append({p!r})\n" for p in left)
+    box = Limited(71, Limits())
+    try:
+        assert box.user is not None, sandbox._LIMITED_PROBLEM
+        with started(box) as server:
+            spy(server, package(tmp_path, leave, "leaver"))
+            assert spy(server, package(tmp_path, spy_source(look), "looker")) == []
+            assert server.starts == 2  # the leaver's server ended (its files were the reason), then they went
+    finally:
+        box.close()
+        for p in left:
+            if os.path.exists(p):
+                os.unlink(p)
+        os.rmdir(public)
+    assert not any(os.path.exists(p) for p in left)
+
+
+def test_where_python_cannot_start_as_that_user_jobs_run_as_root_and_the_warning_says_why(monkeypatch):
+    """As when the grader's mount namespace cannot be made (a container without CAP_SYS_ADMIN) and
+    Python lies under /root: the user is given back, and the warning names root and the reason."""
+    monkeypatch.setattr(sandbox, "_LIMITED_AS_SLOT_USER", None)
+    monkeypatch.setattr(sandbox, "_LIMITED_PROBLEM", None)
+    real = sandbox._launcher
+
+    def cannot_mount(limits, newnet, groups, uid=None, stage=None):
+        argv = real(limits, newnet, groups, uid, stage)
+        return argv + [sys.executable, "-c", "import sys; sys.exit('OSError: cannot mount tmpfs on /root')", "--"]
+
+    monkeypatch.setattr(sandbox, "_launcher", cannot_mount)
+    box = Limited(72, Limits())
+    try:
+        assert box.user is None
+    finally:
+        box.close()
+    monkeypatch.setattr(sandbox, "_launcher", real)
+    text = sandbox.limits_only_reach()
+    assert "as root" in text and "every file" in text, text
+    assert "Python did not start as uid" in text and "cannot mount tmpfs on /root" in text, text
+    box = Limited(73, Limits())  # no second try in this process
+    try:
+        assert box.user is None
+        argv, _ = box.server_command()
+        assert "--own-user" not in argv
+    finally:
+        box.close()
