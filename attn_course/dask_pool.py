@@ -371,8 +371,13 @@ class DaskPool:
         if self.config.notebooks:
             raise ClusterError(f"--notebooks needs bubblewrap: {which}; notebook code is not run without it "
                                "(install the Debian package bubblewrap on the worker nodes)")
-        self.grader.log(f"warning: {which}; they run submissions with limits only, which can read what the "
-                        "workers' user can read (install the Debian package bubblewrap on the worker nodes)")
+        from .sandbox import limits_only_reach
+
+        # in the first such worker's own words (as a user of its own, or as root and why)
+        reach = self.client.run(limits_only_reach, workers=limited[:1], on_error="return").get(limited[0])
+        words = terminal(reach, 600) if isinstance(reach, str) else "and can read what the workers' user can read"
+        self.grader.log(f"warning: {which}; they run submissions with limits only {words} "
+                        "(install the Debian package bubblewrap on the worker nodes)")
 
     def _check_filters(self) -> None:
         """As locally: a warning where a worker's jobs would run without their filter of kernel

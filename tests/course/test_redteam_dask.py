@@ -152,6 +152,9 @@ def test_notebooks_need_bubblewrap_on_the_workers_too(secret_env, tmp_path):
         finally:
             pool.shutdown()
     assert any(line.startswith("warning: 1 of 1 Dask workers") and "bubblewrap" in line for line in lines), lines
+    if os.geteuid() == 0:  # in the worker's own words: its jobs run as users of their own (root here)
+        assert any(line.startswith("warning: 1 of 1 Dask workers") and "users of their own, not root" in line
+                   for line in lines), lines
     assert any(line.startswith("warning: on 1 of 1 Dask workers") and "without their filter of kernel calls "
                "(no filter for this processor (riscv64))" in line for line in lines), lines
     assert any(line.startswith("warning: on 1 of 1 Dask workers") and "jobs run as root on this machine" in line
