@@ -498,6 +498,8 @@ class Limited:
 
     def cleanup(self) -> None:
         self.groups.kill()
+        if self.user is not None and not self.groups.paths:  # no cgroup holds them: found by their user
+            _kill_user(self.user.uid)
         if self._scratch:
             _rmtree(self._scratch)
             self._scratch = None
@@ -517,6 +519,24 @@ class Limited:
 
     def memory_kills(self) -> int:
         return self.groups.memory_kills()
+
+
+def _kill_user(uid: int) -> None:
+    """SIGKILL every process of ``uid``, a sandbox's own user, where no cgroup holds them (a
+    container whose ``/sys/fs/cgroup`` is read-only): what left the job's session, a daemon.
+    Their number is bounded by the process limit, which counts that user's processes."""
+    from .worker import processes_of
+
+    for _ in range(50):
+        pids = processes_of(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
 
 
 def _remove_owned(uid: int) -> None:

@@ -137,19 +137,9 @@ def _in_use(uid: int) -> bool:
             return True
         except KeyError:
             pass
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Uid:"):
-                        if str(uid).encode() in line.split()[1:]:
-                            return True
-                        break
-        except OSError:
-            pass
-    return False
+    from .worker import processes_of
+
+    return bool(processes_of(uid))
 
 
 def wanted() -> bool:

@@ -784,17 +784,44 @@ def _end_with_parent(parent: int) -> None:
 STOP = {"stop": True}  # while a job runs: end it now (a limit was reached); ignored between jobs
 
 
-def _kill_others(in_pid_namespace: bool, child: int, template: int) -> bool:
-    """End every process but this server and its template; True when none is left."""
+def processes_of(uid: int) -> list[int]:
+    """The living processes of this pid namespace that run as ``uid`` (real, effective, saved or
+    filesystem uid); a zombie is dead (a container's init may never reap it)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"State:") and line.split()[1:2] == [b"Z"]:
+                        break
+                    if line.startswith(b"Uid:"):
+                        if str(uid).encode() in line.split()[1:]:
+                            found.append(int(pid))
+                        break
+        except OSError:
+            pass
+    return found
+
+
+def _kill_others(in_pid_namespace: bool, child: int, template: int, own_user: bool = False) -> bool:
+    """End every process but this server and its template; True when none is left.  Without a pid
+    namespace of its own: the job's process group, and where the server runs as a user of its own
+    (``own_user``), every other process of that user (one that left the job's group included)."""
     me = os.getpid()
     if not in_pid_namespace:
         try:
             os.killpg(child, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        return True
+        if not own_user:
+            return True
     for _ in range(50):
-        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me, template)]
+        if in_pid_namespace:
+            others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me, template)]
+        else:
+            others = [p for p in processes_of(os.getuid()) if p not in (me, template)]
         if not others:
             return True
         for other in others:
@@ -1353,7 +1380,7 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
                 status = int(json.loads(answer)["status"])
             elif time.monotonic() > deadline or not template_well():
                 lost = True  # a template the job stopped cannot report: a new sandbox
-        clean = _kill_others(in_pid_namespace, pid, template) and not lost
+        clean = _kill_others(in_pid_namespace, pid, template, own_user) and not lost
         os.close(r)
         tail = _last_line(work / "output.log")
         clean = _empty(scratch, keep) and (shm is None or _empty(shm)) and clean

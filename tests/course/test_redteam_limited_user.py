@@ -142,3 +142,79 @@ def test_where_python_cannot_start_as_that_user_jobs_run_as_root_and_the_warning
         assert "--own-user" not in argv
     finally:
         box.close()
+
+
+# a job's child that leaves the job's process group (the server ends that group after a job) and
+# lives on, named so that a spy finds it
+ESCAPE = """
+import ctypes as _ct, os as _os, time as _time
+if _os.fork() == 0:
+    _os.setpgid(0, 0)
+    _ct.CDLL(None).prctl(15, b"escapee-{token}", 0, 0, 0)  # PR_SET_NAME
+    _time.sleep(300)
+    _os._exit(0)
+"""
+FIND = """
+for _pid in [p for p in _os.listdir('/proc') if p.isdigit()]:
+    try:
+        _stat = open(f'/proc/{{_pid}}/stat').read()
+        if '(escapee-{token})' in _stat and _stat.rsplit(')', 1)[1].split()[0] != 'Z':  # (a zombie is dead)
+            found.append('alive: ' + _pid)
+    except OSError:
+        pass
+"""
+
+
+def _escapees(token: str) -> list[int]:
+    """The escapees alive (a zombie is dead: this machine's init may never reap it)."""
+    out = []
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if f"(escapee-{token})" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def test_a_process_that_left_the_jobs_group_is_gone_before_the_next_job(tmp_path):
+    """Without a pid namespace the server ended only the job's process group: a child in a group
+    of its own lived on, as the same user as the next job (another student's)."""
+    token = os.urandom(3).hex()
+    box = Limited(74, Limits())
+    try:
+        assert box.user is not None, sandbox._LIMITED_PROBLEM
+        with started(box) as server:
+            spy(server, package(tmp_path, ESCAPE.format(token=token), "escaper"))
+            assert spy(server, package(tmp_path, spy_source(FIND.format(token=token[:6])), "finder")) == []
+    finally:
+        box.close()
+        for pid in _escapees(token):
+            os.kill(pid, 9)
+    assert not _escapees(token)
+
+
+def test_without_cgroups_what_a_job_left_running_is_killed_by_its_user(tmp_path, monkeypatch):
+    """A container whose /sys/fs/cgroup is read-only: no group holds a sandbox's processes, and
+    its user finds them when the server is gone."""
+    from attn_course.sandbox import SlotGroups
+
+    monkeypatch.setattr(SlotGroups, "_make", lambda self, *a, **k: False)
+    token = os.urandom(3).hex()
+    box = Limited(75, Limits())
+    assert not box.groups.paths
+    try:
+        assert box.user is not None, sandbox._LIMITED_PROBLEM
+        argv, env = box.server_command()  # the server's own check off (a server killed mid-job never
+        monkeypatch.setattr(box, "server_command",  # runs it): what the cleanup finds is what is tested
+                            lambda: ([a for a in argv if a != "--own-user"], env))
+        with started(box) as server:
+            spy(server, package(tmp_path, ESCAPE.format(token=token), "escaper"))
+            assert _escapees(token)  # alive while its server is
+    finally:
+        box.close()
+    left = _escapees(token)
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left
