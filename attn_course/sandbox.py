@@ -500,11 +500,19 @@ class Limited:
         self.groups.kill()
         if self.user is not None and not self.groups.paths:  # no cgroup holds them: found by their user
             _kill_user(self.user.uid)
-        if self._scratch:
+        if self._scratch and self.user is not None:  # what the job wrote, removed as its user
+            _remove_as(self.user.uid, [self._scratch])
+            try:
+                os.rmdir(self._scratch)  # (the run folder is root's: the user cannot take it from there)
+            except OSError:
+                pass
+        elif self._scratch:
             _rmtree(self._scratch)
-            self._scratch = None
+        self._scratch = None
         if self.user is not None:
-            _remove_owned(self.user.uid)
+            from .worker import owned
+
+            _remove_as(self.user.uid, sorted(owned(self.user.uid)))
 
     def close(self) -> None:
         self.cleanup()
@@ -539,18 +547,21 @@ def _kill_user(uid: int) -> None:
         time.sleep(0.01)
 
 
-def _remove_owned(uid: int) -> None:
-    """Remove what ``uid`` (a sandbox's own user) left in the folders every user may write to
-    (:data:`attn_course.worker.SHARED_FOLDERS`): files the next job of that user would find."""
-    from .worker import owned
+def _remove_as(uid: int, paths: list[str], chunk: int = 512) -> None:
+    """Remove ``paths`` (and all under them) as ``uid``, the sandbox's own user who wrote them.
 
-    for path in sorted(owned(uid)):
+    Never with root's rights: a folder every user may write to holds what another user's
+    process may swap for a link between a check and a removal, and root followed one and
+    removed a folder of root's (found by the red team).  As the user, a link leads only to
+    what that user may remove anyway.  ``rm`` and ``chmod`` (the job may have taken its own
+    permissions away) walk without following links."""
+    for k in range(0, len(paths), chunk):
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                _rmtree(path)
-            else:
-                os.unlink(path)
-        except OSError:
+            subprocess.run(["/bin/sh", "-c", 'chmod -R u+rwX -- "$@" 2>/dev/null; exec rm -rf -- "$@"', "sh",
+                            *paths[k:k + chunk]], user=uid, group=uid, extra_groups=[], cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "LANG": "C"}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        except (OSError, subprocess.SubprocessError):
             pass
 
 
@@ -614,7 +625,8 @@ def limits_only_reach(as_root: bool | None = None, own_users: bool | None = None
     if own_users:
         return ("as users of their own, not root: they can read what every user of this machine may "
                 "(the course's folder too, where it is readable by all) and write where every user may "
-                "(a job that leaves a file in /tmp, /var/tmp or /dev/shm ends its server, and the file is removed); "
+                "(a job that leaves a file in /tmp, /var/tmp, /dev/shm or /run/lock ends its server, and the file "
+                "is removed); "
                 "install bubblewrap to hide the rest")
     return ("as root: they can read every file of this machine and open its devices "
             "(/dev/kvm, /dev/net/tun), and write and signal what root can"

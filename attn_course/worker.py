@@ -1176,14 +1176,14 @@ def _socketpair():
 
 # the folders every user may write to: where a job of a user of its own (the limits-only
 # sandbox's, as root) may leave files for the next job of that user, another student's
-SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue")
 
 
 def owned(uid: int) -> frozenset[str]:
     """What ``uid`` owns in :data:`SHARED_FOLDERS` and in the folders there that every user may
     write to too (``/tmp/.X11-unix``)."""
     found: set[str] = set()
-    folders, seen = list(SHARED_FOLDERS), set()
+    folders, seen = [f for f in SHARED_FOLDERS if not os.path.islink(f)], set()  # (/var/lock: /run/lock)
     while folders:
         folder = folders.pop()
         try:

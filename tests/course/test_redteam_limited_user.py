@@ -90,12 +90,14 @@ def test_a_limits_only_job_of_a_root_grader_is_not_root(tmp_path, secret_file):
 
 
 def test_what_a_job_leaves_where_every_user_writes_is_gone_before_the_next(tmp_path):
-    """A job of a user of its own leaves files in /tmp and /dev/shm (and in a folder there that
-    every user may write to) for the next job of that user, which looks for them."""
+    """A job of a user of its own leaves files in /tmp, /dev/shm and /run/lock (and in a folder
+    there that every user may write to) for the next job of that user, which looks for them."""
     token = os.urandom(4).hex()
     public = Path(tempfile.mkdtemp(prefix="attn-public-"))
     os.chmod(public, 0o1777)
     left = [f"/tmp/left-{token}", f"/dev/shm/left-{token}", str(public / f"left-{token}")]
+    if os.path.isdir("/run/lock"):  # found by the red team: on the root disk, writable by all, kept
+        left.append(f"/run/lock/left-{token}")
     leave = "".join(f"open({p!r}, 'w').close()\n" for p in left)
     look = "".join(f"if _os.path.exists({p!r}):\n    found.append({p!r})\n" for p in left)
     box = Limited(71, Limits())
@@ -218,3 +220,35 @@ def test_without_cgroups_what_a_job_left_running_is_killed_by_its_user(tmp_path,
     for pid in left:
         os.kill(pid, 9)
     assert not left
+
+
+@pytest.fixture
+def roots_folder():
+    """A folder of root's, with a file, in a folder every user may pass through."""
+    top = Path(tempfile.mkdtemp(prefix="attn-victim-"))
+    os.chmod(top, 0o755)
+    (top / "victim").mkdir()
+    (top / "victim" / "important.txt").write_text("root's")
+    yield top / "victim"
+    import shutil
+
+    shutil.rmtree(top)
+
+
+def test_what_a_job_left_is_removed_with_its_users_rights_only(monkeypatch, roots_folder):
+    """Found by the red team: another slot's job swapped a folder the grader was removing (in a
+    folder every user may write to) for a link to a folder of root's, between the grader's check
+    and its removal, and root removed that folder.  The removal now runs as the sandbox's own
+    user: here it is handed root's folder itself, as the swapped link would hand it, and removes
+    nothing of it."""
+    from attn_course import worker
+
+    box = Limited(77, Limits())
+    try:
+        assert box.user is not None, sandbox._LIMITED_PROBLEM
+        monkeypatch.setattr(worker, "owned", lambda uid: frozenset({str(roots_folder)}))
+        box.cleanup()
+    finally:
+        monkeypatch.undo()
+        box.close()
+    assert (roots_folder / "important.txt").read_text() == "root's"
