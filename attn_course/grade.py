@@ -552,7 +552,7 @@ def main_grade(args) -> int:
                require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend,
                scheduler=getattr(args, "scheduler", None), late=late)
     if g.use_bwrap is not False and not g.scheduler:  # on a cluster, each worker decides (and reports)
-        from .sandbox import bwrap_works, limits_only_reach
+        from .sandbox import bwrap_works, limited_as_own_users, limits_only_reach, readable_by_all
 
         if not bwrap_works():
             if args.notebooks:
@@ -561,6 +561,10 @@ def main_grade(args) -> int:
                 return 2
             print(f"warning: bubblewrap is not available; workers run with limits only {limits_only_reach()} "
                   "(install the Debian package bubblewrap)", file=sys.stderr)
+            open_to_all = readable_by_all(Path(args.submissions)) if limited_as_own_users() else None
+            if open_to_all:
+                print(f"warning: {terminal(str(open_to_all), 300)} lets every user of this machine read the "
+                      "submissions, the jobs too (limits only): chmod 0700 it", file=sys.stderr)
     if not g.scheduler:  # (on a cluster, each worker is asked: DaskPool.check_workers)
         from .seccomp import filter_problem, unfiltered_warning
 

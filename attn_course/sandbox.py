@@ -603,6 +603,25 @@ def _limited_user(sandbox: Limited) -> slot_user.SlotUser | None:
     return user
 
 
+def limited_as_own_users() -> bool:
+    """Whether this process's limits-only sandboxes run as users of their own (found out so far)."""
+    return bool(_LIMITED_AS_SLOT_USER)
+
+
+def readable_by_all(folder: Path) -> Path | None:
+    """The folder (``folder`` or one above it) that leaves ``folder``'s files open to every user:
+    None where a folder on the way is closed to others (no ``o+x``), else ``folder`` itself."""
+    from .limit import closed_above
+
+    try:
+        path = str(folder.resolve())
+        if closed_above(path + "/x") is None:  # (``folder`` itself included)
+            return Path(path)
+    except OSError:
+        pass
+    return None
+
+
 def limits_only_reach(as_root: bool | None = None, own_users: bool | None = None) -> str:
     """What a job run with limits only (:class:`Limited`) can reach, for the grader's warning.
 

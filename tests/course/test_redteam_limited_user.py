@@ -252,3 +252,48 @@ def test_what_a_job_left_is_removed_with_its_users_rights_only(monkeypatch, root
         monkeypatch.undo()
         box.close()
     assert (roots_folder / "important.txt").read_text() == "root's"
+
+
+def test_grade_warns_where_every_user_may_read_the_submissions(monkeypatch, capsys):
+    """Jobs of users of their own read what every user may: other students' archives too, where
+    the submissions folder is open to all (the red team's finding); the grader says so."""
+    from attn_course import cli
+
+    monkeypatch.setattr(sandbox, "bwrap_works", lambda: False)
+    monkeypatch.setenv("ATTN_COURSE_SECRET", "limited-secret")
+    top = Path(tempfile.mkdtemp(prefix="attn-subs-"))
+    try:
+        (top / "subs").mkdir()
+        os.chmod(top, 0o755)
+        os.chmod(top / "subs", 0o755)
+        assert cli.main(["grade", str(top / "subs"), "--out", str(top / "out"), "--exercises", "3.1"]) == 0
+        err = capsys.readouterr().err
+        assert f"warning: {top / 'subs'} lets every user of this machine read the submissions" in err, err
+        os.chmod(top / "subs", 0o700)
+        assert cli.main(["grade", str(top / "subs"), "--out", str(top / "out2"), "--exercises", "3.1"]) == 0
+        assert "read the submissions" not in capsys.readouterr().err
+    finally:
+        import shutil
+
+        shutil.rmtree(top)
+
+
+def test_the_graders_own_compilation_cache_is_private(tmp_path, monkeypatch):
+    """Its programs embed the hidden cases' inputs: a job of a user of its own read it where
+    ATTN_COURSE_CACHE (or XDG_CACHE_HOME) lies where every user may read."""
+    import stat
+
+    import jax
+
+    from attn_course import xla_cache
+
+    before = jax.config.jax_compilation_cache_dir  # (the suite's own cache: put back after)
+    where = tmp_path / "cache" / "xla"
+    monkeypatch.setenv("ATTN_COURSE_CACHE", str(where))
+    try:
+        xla_cache.enable_compile_cache()
+        assert stat.S_IMODE(where.stat().st_mode) == 0o700
+    finally:
+        monkeypatch.undo()
+        if before:
+            xla_cache.enable_compile_cache(before)
