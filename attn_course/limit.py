@@ -2,19 +2,30 @@
 
 Apply resource limits to this process, join cgroups (comma-separated, or
 ``-``), optionally enter a new network namespace, start a new session,
-then, as root for a sandbox of its own user (:mod:`attn_course.slot_user`):
-bind each folder or file of STAGE (a JSON list of ``[source, mount point]``
-or ``[source, mount point, "restore"]``, or ``-``) on its mount point in a
-mount namespace of its own (the user may not reach the source itself: a
-Python under ``/root``); a source marked ``restore`` is then seen at its own
-path again (for the limits-only sandbox, which has no root of its own to bind
-it into): each folder above it that others may not pass through (``/root``)
-is covered by an empty read-only tmpfs holding only the sources under it.
-Then become user and group UID with no other group (``-``: stay who it is),
+then, as root for a sandbox of its own user (:mod:`attn_course.slot_user`),
+set up STAGE (``-``: nothing) in a mount namespace of its own, become user
+and group UID with no other group (``-``: stay who it is),
 and ``exec`` ARGV.  A separate tiny
 program (it imports nothing heavy) instead of a ``preexec_fn``, because the
 grader holds JAX's threads and ``fork`` + Python code in the child is unsafe
 there.
+
+STAGE is JSON, one of two kinds:
+
+* a list of ``[source, mount point]`` (bubblewrap's): each source bound on its
+  mount point, which the user reaches where the source itself may not be (a
+  Python under ``/root``); bubblewrap then binds the mount points into its root.
+* an object ``{"restore": [[source, mount point], ...], "private": [[folder,
+  tmpfs options], ...]}`` (the limits-only sandbox's, which has no root of its
+  own): each ``private`` folder gets an empty tmpfs of its own (``/tmp``,
+  ``/dev/shm``, the job's scratch folder: nothing a job writes there reaches
+  the machine's disk or outlives the server, and the size is capped); each
+  folder above a ``restore`` source that others may not pass through
+  (``/root``) is covered by an empty read-only tmpfs; and each ``restore``
+  source under a cover or a private folder is bound there again, at its own
+  path, from its mount point.  Where no mount namespace can be made (a
+  container without ``CAP_SYS_ADMIN``) and no source needs a cover, the
+  private folders are left out: the grader then finds what a job left there.
 """
 
 import ctypes
@@ -43,23 +54,44 @@ def _mount(libc, source, target, fstype, flags, data=None) -> None:
         raise OSError(ctypes.get_errno(), f"cannot mount {source or fstype} on {target}")
 
 
-def _restore(libc, staged: list) -> None:
-    """Each source marked ``restore`` at its own path again, through the covers of the folders above it."""
-    restored = sorted((source, point) for source, point, *how in staged if how == ["restore"])
-    covers = sorted({c for c in (closed_above(source) for source, _ in restored) if c})
-    for _, point in restored:
-        if any(point.startswith(cover + "/") for cover in covers):  # a cover would hide it
-            raise OSError(f"the stage {point} lies under {[c for c in covers if point.startswith(c + '/')][0]}")
+def _under(path: str, folders) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def _bind_at(libc, fd: int, source: str, is_dir: bool) -> None:
+    """Bind what ``fd`` (an ``O_PATH`` descriptor) is on ``source``, making the mount point first."""
+    if is_dir:
+        os.makedirs(source, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(source), exist_ok=True)
+        open(source, "a").close()
+    _mount(libc, f"/proc/self/fd/{fd}", source, None, MS_BIND | MS_REC)
+
+
+def _private(libc, stage: dict) -> None:
+    """The limits-only sandbox's STAGE (see the module's docstring)."""
+    restore = sorted(stage.get("restore", []))
+    private = sorted((folder, options) for folder, options in stage.get("private", [])
+                     if os.path.isdir(folder) and not os.path.islink(folder))
+    covers = sorted({c for c in (closed_above(source) for source, _ in restore) if c})
+    if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        if covers:
+            raise OSError(ctypes.get_errno(), "cannot make a mount namespace for the sandbox's binds")
+        return  # nothing needs one: the private folders are left out
+    held = []  # each source, through its mount point, before covers hide the points (under /tmp)
+    for source, point in restore:
+        _mount(libc, source, point, None, MS_BIND | MS_REC)
+        held.append((source, os.open(point, os.O_PATH), os.path.isdir(point)))
     for cover in covers:
         _mount(libc, None, cover, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=755,size=64k")
-    for source, point in restored:
-        if any(source.startswith(cover + "/") for cover in covers):
-            if os.path.isdir(point):
-                os.makedirs(source, exist_ok=True)
-            else:
-                os.makedirs(os.path.dirname(source), exist_ok=True)
-                open(source, "a").close()
-            _mount(libc, point, source, None, MS_BIND | MS_REC)
+    for folder, options in private:  # (sorted: /tmp before a scratch folder in it)
+        os.makedirs(folder, exist_ok=True)
+        _mount(libc, None, folder, b"tmpfs", MS_NOSUID | MS_NODEV, os.fsencode(options))
+    hidden = covers + [folder for folder, _ in private]
+    for source, fd, is_dir in held:
+        if _under(source, hidden) and not any(source == folder for folder, _ in private):
+            _bind_at(libc, fd, source, is_dir)
+        os.close(fd)
     for cover in covers:  # nothing more is made there
         _mount(libc, None, cover, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
@@ -88,13 +120,14 @@ def main() -> None:
         import json
 
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-            raise OSError(ctypes.get_errno(), "cannot make a mount namespace for the sandbox's binds")
         staged = json.loads(stage)
-        for source, point, *_ in staged:
-            if libc.mount(os.fsencode(source), os.fsencode(point), None, MS_BIND | MS_REC, None) != 0:
-                raise OSError(ctypes.get_errno(), f"cannot bind {source} on {point}")
-        _restore(libc, staged)
+        if isinstance(staged, dict):
+            _private(libc, staged)
+        else:
+            if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+                raise OSError(ctypes.get_errno(), "cannot make a mount namespace for the sandbox's binds")
+            for source, point in staged:
+                _mount(libc, source, point, None, MS_BIND | MS_REC)
     if uid != "-":  # last: the groups, the network namespace and the binds need root
         os.setgroups([])
         os.setgid(int(uid))

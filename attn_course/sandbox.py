@@ -192,9 +192,9 @@ class Plain:
 
 
 def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups | None", uid: int | None = None,
-              stage: list[tuple[str, ...]] | None = None) -> list[str]:
+              stage: list[tuple[str, str]] | dict | None = None) -> list[str]:
     """The limits, applied by :mod:`attn_course.limit` just before exec; as ``uid`` (root only),
-    with ``stage``'s ``(source, mount point)`` bound first."""
+    with ``stage`` set up first (its STAGE: bubblewrap's binds, or the limits-only sandbox's)."""
     limit = str(ROOT / "attn_course" / "limit.py")
     # RLIMIT_NPROC counts the processes of the user (of a sandbox's own user: the sandbox's), and
     # refuses a fork before the pids group would: where that group counts them, it is the limit
@@ -466,21 +466,28 @@ class Limited:
         self.user = _limited_user(self)
 
     def _sources(self) -> list[str]:
-        """What the sandbox's user must reach and may not by itself: Python, its environment and
-        the workers' cache, where a folder above them is closed to others."""
-        from .limit import closed_above
-
-        sources = {sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])}
+        """What the sandbox's user must see at its own path: Python, its environment, the workers'
+        modules and cache (bound again where a cover or a private folder hides them)."""
+        sources = {sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1]),
+                   str(Path(worker_course()).parent)}
         if self.cache is not None:
             sources.add(str(self.cache))
-        return sorted(source for source in sources if closed_above(source))
+        return sorted(sources)
 
-    def _launch(self, groups: SlotGroups | None) -> list[str]:
-        """The launcher: as the sandbox's user with its sources restored, or as the grader."""
+    def _launch(self, groups: SlotGroups | None, scratch: str | None = None) -> list[str]:
+        """The launcher: as the sandbox's user, with private folders and its sources restored
+        (:mod:`attn_course.limit`'s STAGE), or as the grader."""
         if self.user is None:
             return _launcher(self.limits, os.geteuid() == 0, groups)
-        stage = [(source, self.stage.point(source), "restore") for source in self._sources()]
-        return _launcher(self.limits, True, groups, self.user.uid, stage)
+        from .worker import SHARED_FOLDERS
+
+        size = f"size={self.limits.scratch_mb}m"
+        uid = self.user.uid
+        private = [[folder, f"mode=1777,{size}"] for folder in SHARED_FOLDERS if folder != "/dev/mqueue"]
+        if scratch is not None:
+            private.append([scratch, f"mode=700,uid={uid},gid={uid},{size}"])
+        stage = {"restore": [[source, self.stage.point(source)] for source in self._sources()], "private": private}
+        return _launcher(self.limits, True, groups, uid, stage)
 
     def _course(self) -> str:
         """Where the server imports attn_course from: the workers' copy for a user of its own
@@ -494,7 +501,7 @@ class Limited:
             os.chown(self._scratch, self.user.uid, self.user.uid)
         env = worker_env(self._scratch, self.cache)
         argv = _server_argv(self._course(), self._scratch) + (["--own-user"] if self.user is not None else [])
-        return self._launch(self.groups) + argv, env
+        return self._launch(self.groups, self._scratch) + argv, env
 
     def cleanup(self) -> None:
         self.groups.kill()
@@ -644,8 +651,7 @@ def limits_only_reach(as_root: bool | None = None, own_users: bool | None = None
     if own_users:
         return ("as users of their own, not root: they can read what every user of this machine may "
                 "(the course's folder too, where it is readable by all) and write where every user may "
-                "(a job that leaves a file in /tmp, /var/tmp, /dev/shm or /run/lock ends its server, and the file "
-                "is removed); "
+                "(/tmp, /dev/shm and their scratch folder are their own where a mount namespace can be made); "
                 "install bubblewrap to hide the rest")
     return ("as root: they can read every file of this machine and open its devices "
             "(/dev/kvm, /dev/net/tun), and write and signal what root can"

@@ -89,31 +89,63 @@ def test_a_limits_only_job_of_a_root_grader_is_not_root(tmp_path, secret_file):
     assert failed == [], failed
 
 
-def test_what_a_job_leaves_where_every_user_writes_is_gone_before_the_next(tmp_path):
-    """A job of a user of its own leaves files in /tmp, /dev/shm and /run/lock (and in a folder
-    there that every user may write to) for the next job of that user, which looks for them."""
+def test_what_a_job_leaves_where_every_user_writes_never_reaches_the_next(tmp_path):
+    """A job of a user of its own leaves files in /tmp, /dev/shm and /run/lock (found by the red
+    team: on the root disk, writable by all, and kept) for the next job of that user, another
+    student's, which looks for them.  Each of those folders is a private tmpfs of the server's:
+    nothing reaches the machine's folders, and the server that saw a file left goes with them."""
     token = os.urandom(4).hex()
-    public = Path(tempfile.mkdtemp(prefix="attn-public-"))
-    os.chmod(public, 0o1777)
-    left = [f"/tmp/left-{token}", f"/dev/shm/left-{token}", str(public / f"left-{token}")]
-    if os.path.isdir("/run/lock"):  # found by the red team: on the root disk, writable by all, kept
-        left.append(f"/run/lock/left-{token}")
-    leave = "".join(f"open({p!r}, 'w').close()\n" for p in left)
+    left = [f"{folder}/left-{token}" for folder in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+            if os.path.isdir(folder)]
+    leave = "".join(f"try:\n    open({p!r}, 'w').close()\nexcept OSError:\n    raise SystemExit('not left')\n"
+                    for p in left)
     look = "".join(f"if _os.path.exists({p!r}):\n    found.append({p!r})\n" for p in left)
     box = Limited(71, Limits())
     try:
         assert box.user is not None, sandbox._LIMITED_PROBLEM
         with started(box) as server:
-            spy(server, package(tmp_path, leave, "leaver"))
+            assert all("not left" not in m for m in spy(server, package(tmp_path, leave, "leaver")))
+            assert not any(os.path.exists(p) for p in left)  # in the server's own folders only
             assert spy(server, package(tmp_path, spy_source(look), "looker")) == []
-            assert server.starts == 2  # the leaver's server ended (its files were the reason), then they went
+            assert server.starts == 2  # the leaver's server ended (its files were the reason)
     finally:
         box.close()
         for p in left:
             if os.path.exists(p):
                 os.unlink(p)
-        os.rmdir(public)
-    assert not any(os.path.exists(p) for p in left)
+
+
+# a job that fills /tmp and its own scratch folder (HOME) with files under the file-size limit
+FILL = """
+for _d in ('/tmp', _os.environ['HOME']):
+    _n = 0
+    try:
+        for _k in range(20):
+            with open(f'{_d}/fill-{_k}', 'wb') as _f:
+                _f.write(b'x' * (4 << 20))
+            _n += 4
+    except OSError:
+        pass
+    if _n > 16:
+        found.append(f'{_n} MB in {_d}')
+"""
+
+
+def test_what_a_job_writes_is_capped_and_off_the_machines_disk(tmp_path):
+    """The red team: /tmp lay on the machine's disk with only a per-file limit, so a job could
+    fill the disk under the grader (its results, the gradebook).  Now each is a tmpfs of
+    ``scratch_mb``, counted in the slot's memory."""
+    box = Limited(78, Limits(scratch_mb=16))
+    try:
+        assert box.user is not None, sandbox._LIMITED_PROBLEM
+        with started(box) as server:
+            scratch = Path(box._scratch)  # (the host's folder: the job's is a tmpfs over it)
+            failed = spy(server, package(tmp_path, spy_source(FILL)))
+            assert not list(Path("/tmp").glob("fill-*"))
+            assert not scratch.exists() or not list(scratch.glob("fill-*"))
+    finally:
+        box.close()
+    assert failed == [], failed
 
 
 def test_where_python_cannot_start_as_that_user_jobs_run_as_root_and_the_warning_says_why(monkeypatch):
