@@ -78,6 +78,7 @@ def _private(libc, stage: dict) -> None:
         if covers:
             raise OSError(ctypes.get_errno(), "cannot make a mount namespace for the sandbox's binds")
         return  # nothing needs one: the private folders are left out
+    os.umask(0o022)  # the folders made on the way to a mount point: the user passes through them
     held = []  # each source, through its mount point, before covers hide the points (under /tmp)
     for source, point in restore:
         _mount(libc, source, point, None, MS_BIND | MS_REC)

@@ -448,10 +448,12 @@ class Limited:
     """Resource limits without file isolation (where bubblewrap does not work).
 
     Where the grader is root, the server runs as a host user of the sandbox's own
-    (:mod:`attn_course.slot_user`), not as root: a job then reads what every user may read,
-    writes only where every user may, and signals only its own processes.  Python and the
-    workers' cache are bound where that user reaches them, at their own paths, when they lie
-    under a folder only root may pass (``/root``: :mod:`attn_course.limit`'s ``restore``).
+    (:mod:`attn_course.slot_user`), not as root: a job then reads what every user may read
+    and signals only its own processes, and in a mount namespace of the server's own
+    (:mod:`attn_course.limit`'s STAGE) the folders every user may write to and its scratch
+    folder are size-capped tmpfs's of its own; Python and the workers' cache are bound where
+    that user reaches them, at their own paths, when they lie under a folder only root may
+    pass (``/root``).
     """
 
     kind = "limits"
@@ -507,12 +509,15 @@ class Limited:
         self.groups.kill()
         if self.user is not None and not self.groups.paths:  # no cgroup holds them: found by their user
             _kill_user(self.user.uid)
-        if self._scratch and self.user is not None:  # what the job wrote, removed as its user
-            _remove_as(self.user.uid, [self._scratch])
+        if self._scratch and self.user is not None:  # empty: the job's was a tmpfs over it
             try:
-                os.rmdir(self._scratch)  # (the run folder is root's: the user cannot take it from there)
-            except OSError:
-                pass
+                os.rmdir(self._scratch)
+            except OSError:  # no mount namespace: what the job wrote, removed as its user
+                _remove_as(self.user.uid, [self._scratch])
+                try:
+                    os.rmdir(self._scratch)  # (the run folder is root's: the user cannot take it from there)
+                except OSError:
+                    pass
         elif self._scratch:
             _rmtree(self._scratch)
         self._scratch = None

@@ -329,3 +329,19 @@ def test_the_graders_own_compilation_cache_is_private(tmp_path, monkeypatch):
         monkeypatch.undo()
         if before:
             xla_cache.enable_compile_cache(before)
+
+
+def test_an_instructors_private_umask_still_gives_jobs_users_of_their_own():
+    """With umask 077 the folders made on the way to Python's mount point were root's alone, the
+    user could not pass them, and every job ran as root again (a fresh process: the probe is once
+    per process)."""
+    import subprocess
+
+    code = ("import os; os.umask(0o077)\n"
+            "from attn_course import sandbox\n"
+            "box = sandbox.Limited(79, sandbox.Limits()); print(box.user is not None, sandbox._LIMITED_PROBLEM)\n"
+            "box.close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=str(sandbox.ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[0] == "True", r.stdout
