@@ -8,7 +8,11 @@ module calls.  Those are where escapes from sandboxes came from; Docker's
 default profile refuses most of them too.  It also refuses ``setsid``: the
 kernel shares the CPU between sessions (autogroups), and processes of a job
 that each led a session of their own would take the other slots' share (the
-job's own process leads its session already, before the filter); and
+job's own process leads its session already, before the filter), and
+``setpgid``: a job's processes stay in its process group, which the server
+ends after the job in one call that no forking process can race (a process
+that left it, forking on and on, outran a kill by list; without a pid
+namespace, in the limits-only sandbox, it lived on into the next job); and
 memory that no address-space limit counts (``memfd_create``, ``memfd_secret``,
 System V's ``shmget``: a job held 2.5 GB of memfds beside its 3 GB limit);
 System V's message queues and semaphores (``msgget``, ``semget``: with limits
@@ -61,7 +65,7 @@ CALLS = {
     "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
     "kexec_load": (246, 104), "kexec_file_load": (320, 294), "reboot": (169, 142),
     "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "syslog": (103, 116),
-    "sethostname": (170, 161), "setdomainname": (171, 162), "setsid": (112, 157),
+    "sethostname": (170, 161), "setdomainname": (171, 162), "setsid": (112, 157), "setpgid": (109, 154),
     "memfd_create": (319, 279), "memfd_secret": (447, 447), "shmget": (29, 194),
     "msgget": (68, 186), "semget": (64, 190), "socket": (41, 198), "socketpair": (53, 199),
     "io_setup": (206, 0),

@@ -183,7 +183,10 @@ def test_where_python_cannot_start_as_that_user_jobs_run_as_root_and_the_warning
 ESCAPE = """
 import ctypes as _ct, os as _os, time as _time
 if _os.fork() == 0:
-    _os.setpgid(0, 0)
+    try:
+        _os.setpgid(0, 0)
+    except OSError:  # refused by the filter: in the job's group still
+        pass
     _ct.CDLL(None).prctl(15, b"escapee-{token}", 0, 0, 0)  # PR_SET_NAME
     _time.sleep(300)
     _os._exit(0)
@@ -240,9 +243,9 @@ def test_without_cgroups_what_a_job_left_running_is_killed_by_its_user(tmp_path,
     assert not box.groups.paths
     try:
         assert box.user is not None, sandbox._LIMITED_PROBLEM
-        argv, env = box.server_command()  # the server's own check off (a server killed mid-job never
-        monkeypatch.setattr(box, "server_command",  # runs it): what the cleanup finds is what is tested
-                            lambda: ([a for a in argv if a != "--own-user"], env))
+        argv, env = box.server_command()  # the server's own check and the job's filter off (a server
+        monkeypatch.setattr(box, "server_command",  # killed mid-job never runs the check; a kernel without
+                            lambda: ([a for a in argv if a not in ("--own-user", "--confined")], env))  # seccomp)
         with started(box) as server:
             spy(server, package(tmp_path, ESCAPE.format(token=token), "escaper"))
             assert _escapees(token)  # alive while its server is
@@ -345,3 +348,30 @@ def test_an_instructors_private_umask_still_gives_jobs_users_of_their_own():
                        cwd=str(sandbox.ROOT))
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[0] == "True", r.stdout
+
+
+# a job's child tries to leave the job's process group
+LEAVE_GROUP = """
+if _os.fork() == 0:
+    try:
+        _os.setpgid(0, 0)
+        _os._exit(7)
+    except OSError:
+        _os._exit(0)
+_, _status = _os.wait()
+if _os.waitstatus_to_exitcode(_status) == 7:
+    found.append('left the process group')
+"""
+
+
+def test_a_jobs_processes_cannot_leave_its_process_group(tmp_path):
+    """The red team's fork chain: a process that left the job's group and forked on and on outran
+    the server's kill by list.  The filter refuses ``setpgid``: all stay in the group the server
+    ends at once."""
+    box = Limited(80, Limits())
+    try:
+        with started(box) as server:
+            failed = spy(server, package(tmp_path, spy_source(LEAVE_GROUP)))
+    finally:
+        box.close()
+    assert failed == [], failed
