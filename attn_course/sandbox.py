@@ -507,7 +507,7 @@ class Limited:
 
     def cleanup(self) -> None:
         self.groups.kill()
-        if self.user is not None and not self.groups.paths:  # no cgroup holds them: found by their user
+        if self.user is not None:  # and at once by their user (a cgroup is killed by a list of pids)
             _kill_user(self.user.uid)
         if self._scratch and self.user is not None:  # empty: the job's was a tmpfs over it
             try:
@@ -542,9 +542,9 @@ class Limited:
 
 
 def _kill_user(uid: int) -> None:
-    """SIGKILL every process of ``uid``, a sandbox's own user, where no cgroup holds them (a
-    container whose ``/sys/fs/cgroup`` is read-only): what left the job's session, a daemon.
-    ``kill -9 -1`` as that user reaches all of them at once, as the kernel holds off new
+    """SIGKILL every process of ``uid``, a sandbox's own user: what a job left running when its
+    server is gone, whether a cgroup holds them or not (a container whose ``/sys/fs/cgroup`` is
+    read-only).  ``kill -9 -1`` as that user reaches all of them at once, as the kernel holds off new
     processes while it signals (a list of pids misses one that forks on and on, found by the
     red team); the list after it is the check."""
     from .worker import processes_of

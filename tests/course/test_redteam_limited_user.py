@@ -232,28 +232,58 @@ def test_a_process_that_left_the_jobs_group_is_gone_before_the_next_job(tmp_path
     assert not _escapees(token)
 
 
-def test_without_cgroups_what_a_job_left_running_is_killed_by_its_user(tmp_path, monkeypatch):
-    """A container whose /sys/fs/cgroup is read-only: no group holds a sandbox's processes, and
-    its user finds them when the server is gone."""
+# the red team's fork chain: out of the job's group, then fork and let the parent end, on and on
+# (a list of pids is always out of date), for at most 30 s
+CHAIN = """
+import ctypes as _ct, os as _os, time as _time
+if _os.fork() == 0:
+    _os.setpgid(0, 0)
+    _ct.CDLL(None).prctl(15, b"escapee-{token}", 0, 0, 0)  # PR_SET_NAME
+    _end = _time.monotonic() + 30
+    while _time.monotonic() < _end:
+        if _os.fork() > 0:
+            _os._exit(0)
+    _os._exit(0)
+"""
+
+
+def _seen(token: str, tries: int = 500) -> bool:
+    """Whether an escapee is seen at all (a chain's pid lives a millisecond: a scan may miss it)."""
+    import time
+
+    for _ in range(tries):
+        if _escapees(token):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["in-cgroups", "no-cgroups"])
+def test_what_a_job_left_running_is_killed_by_its_user(tmp_path, monkeypatch, cgroups):
+    """When the server is gone, what its jobs left running is killed, a fork chain included: by
+    ``kill -9 -1`` as the sandbox's user, which no fork can race (the cgroup's list of pids can
+    be), and where no cgroup holds them (a container whose /sys/fs/cgroup is read-only)."""
     from attn_course.sandbox import SlotGroups
 
-    monkeypatch.setattr(SlotGroups, "_make", lambda self, *a, **k: False)
+    if not cgroups:
+        monkeypatch.setattr(SlotGroups, "_make", lambda self, *a, **k: False)
     token = os.urandom(3).hex()
     box = Limited(75, Limits())
-    assert not box.groups.paths
+    assert cgroups or not box.groups.paths
+    uid = box.user.uid if box.user is not None else None
     try:
         assert box.user is not None, sandbox._LIMITED_PROBLEM
         argv, env = box.server_command()  # the server's own check and the job's filter off (a server
         monkeypatch.setattr(box, "server_command",  # killed mid-job never runs the check; a kernel without
                             lambda: ([a for a in argv if a not in ("--own-user", "--confined")], env))  # seccomp)
         with started(box) as server:
-            spy(server, package(tmp_path, ESCAPE.format(token=token), "escaper"))
-            assert _escapees(token)  # alive while its server is
+            spy(server, package(tmp_path, CHAIN.format(token=token), "escaper"))
+            assert _seen(token)  # alive while its server is
     finally:
         box.close()
-    left = _escapees(token)
-    for pid in left:
-        os.kill(pid, 9)
+    left = _seen(token, tries=100)  # (half a second of looking)
+    if left and uid is not None:
+        sandbox._kill_user(uid)
     assert not left
 
 
