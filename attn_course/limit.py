@@ -68,13 +68,18 @@ def _bind_at(libc, fd: int, source: str, is_dir: bool) -> None:
     _mount(libc, f"/proc/self/fd/{fd}", source, None, MS_BIND | MS_REC)
 
 
+def _own_mount_namespace(libc) -> bool:
+    """Enter a mount namespace of this process's own, whose mounts reach no other; whether it could."""
+    return libc.unshare(CLONE_NEWNS) == 0 and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+
+
 def _private(libc, stage: dict) -> None:
     """The limits-only sandbox's STAGE (see the module's docstring)."""
     restore = sorted(stage.get("restore", []))
     private = sorted((folder, options) for folder, options in stage.get("private", [])
                      if os.path.isdir(folder) and not os.path.islink(folder))
     covers = sorted({c for c in (closed_above(source) for source, _ in restore) if c})
-    if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+    if not _own_mount_namespace(libc):
         if covers:
             raise OSError(ctypes.get_errno(), "cannot make a mount namespace for the sandbox's binds")
         return  # nothing needs one: the private folders are left out
@@ -125,7 +130,7 @@ def main() -> None:
         if isinstance(staged, dict):
             _private(libc, staged)
         else:
-            if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            if not _own_mount_namespace(libc):
                 raise OSError(ctypes.get_errno(), "cannot make a mount namespace for the sandbox's binds")
             for source, point in staged:
                 _mount(libc, source, point, None, MS_BIND | MS_REC)

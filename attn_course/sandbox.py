@@ -393,11 +393,19 @@ def _rmdir(group: Path) -> None:
 
 
 def _kill_cgroup(group: Path) -> None:
-    for _ in range(50):
+    def procs() -> list[int]:
         try:
-            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+            return [int(p) for p in (group / "cgroup.procs").read_text().split()]
         except OSError:
-            return
+            return []
+
+    _kill_listed(procs)
+
+
+def _kill_listed(listed) -> None:
+    """SIGKILL the processes ``listed()`` names until it names none (50 rounds at most)."""
+    for _ in range(50):
+        pids = listed()
         if not pids:
             return
         for pid in pids:
@@ -541,6 +549,17 @@ class Limited:
         return self.groups.memory_kills()
 
 
+def _as_user(uid: int, script: str, args: list[str] = (), timeout: float = 30) -> None:
+    """Run the shell line ``script`` (with ``args`` as ``$@``) as ``uid``, a sandbox's own user,
+    with no other group and nothing of the grader's environment; its failure is not the grader's."""
+    try:
+        subprocess.run(["/bin/sh", "-c", script, "sh", *args], user=uid, group=uid, extra_groups=[], cwd="/",
+                       env={"PATH": "/usr/bin:/bin", "LANG": "C"}, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
 def _kill_user(uid: int) -> None:
     """SIGKILL every process of ``uid``, a sandbox's own user: what a job left running when its
     server is gone, whether a cgroup holds them or not (a container whose ``/sys/fs/cgroup`` is
@@ -549,22 +568,8 @@ def _kill_user(uid: int) -> None:
     red team); the list after it is the check."""
     from .worker import processes_of
 
-    try:
-        subprocess.run(["/bin/sh", "-c", "kill -9 -1"], user=uid, group=uid, extra_groups=[], cwd="/",
-                       env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    for _ in range(50):
-        pids = processes_of(uid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.01)
+    _as_user(uid, "kill -9 -1")
+    _kill_listed(lambda: processes_of(uid))
 
 
 def _remove_as(uid: int, paths: list[str], chunk: int = 512) -> None:
@@ -576,13 +581,7 @@ def _remove_as(uid: int, paths: list[str], chunk: int = 512) -> None:
     what that user may remove anyway.  ``rm`` and ``chmod`` (the job may have taken its own
     permissions away) walk without following links."""
     for k in range(0, len(paths), chunk):
-        try:
-            subprocess.run(["/bin/sh", "-c", 'chmod -R u+rwX -- "$@" 2>/dev/null; exec rm -rf -- "$@"', "sh",
-                            *paths[k:k + chunk]], user=uid, group=uid, extra_groups=[], cwd="/",
-                           env={"PATH": "/usr/bin:/bin", "LANG": "C"}, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
-        except (OSError, subprocess.SubprocessError):
-            pass
+        _as_user(uid, 'chmod -R u+rwX -- "$@" 2>/dev/null; exec rm -rf -- "$@"', paths[k:k + chunk], timeout=120)
 
 
 _LIMITED_AS_SLOT_USER: bool | None = None  # whether the limits-only server runs as a user of its own here
@@ -596,31 +595,34 @@ def _limited_user(sandbox: Limited) -> slot_user.SlotUser | None:
     if _LIMITED_AS_SLOT_USER is False or os.geteuid() != 0 or not slot_user.wanted():
         return None
     user = slot_user.claim()
-    if user is None:
-        return None
-    if _LIMITED_AS_SLOT_USER is None:
-        sandbox.user = user
-        probe = ("import importlib.util as u, sys; sys.path.insert(0, sys.argv[1]); "
-                 "gone = [m for m in ('numpy', 'jax', 'jaxlib', 'attn_course.worker') if u.find_spec(m) is None]; "
-                 "sys.exit('cannot import ' + ', '.join(gone) if gone else 0)")
-        try:
-            r = subprocess.run(sandbox._launch(None) + [sys.executable, "-I", "-c", probe, sandbox._course()],
-                               capture_output=True, timeout=60, cwd="/", env=worker_env("/", None))
-            _LIMITED_AS_SLOT_USER = r.returncode == 0
-            said = [line for line in r.stderr.decode(errors="replace").splitlines() if line.strip()]
-            _LIMITED_PROBLEM = None if _LIMITED_AS_SLOT_USER else (
-                f"Python did not start as uid {user.uid}: exit status {r.returncode}"
-                + (f", {terminal(said[-1], 200)}" if said else ""))
-        except (OSError, subprocess.TimeoutExpired) as err:
-            _LIMITED_AS_SLOT_USER = False
-            _LIMITED_PROBLEM = f"Python did not start as uid {user.uid}: {type(err).__name__}"
-        finally:
-            sandbox.user = None
-        if not _LIMITED_AS_SLOT_USER:
-            sandbox.stage.remove()
-            user.release()
-            return None
-    return user
+    if user is None or _LIMITED_AS_SLOT_USER:
+        return user
+    probe = ("import importlib.util as u, sys; sys.path.insert(0, sys.argv[1]); "
+             "gone = [m for m in ('numpy', 'jax', 'jaxlib', 'attn_course.worker') if u.find_spec(m) is None]; "
+             "sys.exit('cannot import ' + ', '.join(gone) if gone else 0)")
+    _LIMITED_PROBLEM = _tried_as(sandbox, user, [sys.executable, "-I", "-c", probe, sandbox._course()], "Python")
+    _LIMITED_AS_SLOT_USER = _LIMITED_PROBLEM is None
+    return user if _LIMITED_AS_SLOT_USER else None
+
+
+def _tried_as(sandbox: "Limited | Bubblewrap", user: slot_user.SlotUser, command: list[str], what: str) -> str | None:
+    """Why ``command`` did not run in ``sandbox`` as ``user`` (``what`` did not start), or None
+    where it ran; where it did not, the sandbox's stage is removed and the uid given back."""
+    sandbox.user = user
+    try:
+        r = subprocess.run(sandbox._launch(None) + command, capture_output=True, timeout=60, cwd="/",
+                           env=worker_env("/", None))
+        said = [line for line in r.stderr.decode(errors="replace").splitlines() if line.strip()]
+        problem = None if r.returncode == 0 else (f"{what} did not start as uid {user.uid}: exit status "
+                                                  f"{r.returncode}" + (f", {terminal(said[-1], 200)}" if said else ""))
+    except (OSError, subprocess.TimeoutExpired) as err:
+        problem = f"{what} did not start as uid {user.uid}: {type(err).__name__}"
+    finally:
+        sandbox.user = None
+    if problem is not None:
+        sandbox.stage.remove()
+        user.release()
+    return problem
 
 
 def limited_as_own_users() -> bool:
@@ -770,28 +772,11 @@ def _slot_user(sandbox: Bubblewrap) -> slot_user.SlotUser | None:
     if _AS_SLOT_USER is False:
         return None
     user = slot_user.claim()
-    if user is None:
-        return None
-    if _AS_SLOT_USER is None:
-        sandbox.user = user
-        try:
-            r = subprocess.run(sandbox._launch(None) + [sys.executable, "-I", "-S", "-c", "pass"], capture_output=True,
-                               timeout=60, cwd="/", env=worker_env("/tmp", None))
-            _AS_SLOT_USER = r.returncode == 0
-            said = [line for line in r.stderr.decode(errors="replace").splitlines() if line.strip()]
-            _SLOT_USER_PROBLEM = None if _AS_SLOT_USER else (
-                f"bubblewrap did not start as uid {user.uid}: exit status {r.returncode}"
-                + (f", {terminal(said[-1], 200)}" if said else ""))
-        except (OSError, subprocess.TimeoutExpired) as err:
-            _AS_SLOT_USER = False
-            _SLOT_USER_PROBLEM = f"bubblewrap did not start as uid {user.uid}: {type(err).__name__}"
-        finally:
-            sandbox.user = None
-        if not _AS_SLOT_USER:
-            sandbox.stage.remove()
-            user.release()
-            return None
-    return user
+    if user is None or _AS_SLOT_USER:
+        return user
+    _SLOT_USER_PROBLEM = _tried_as(sandbox, user, [sys.executable, "-I", "-S", "-c", "pass"], "bubblewrap")
+    _AS_SLOT_USER = _SLOT_USER_PROBLEM is None
+    return user if _AS_SLOT_USER else None
 
 
 def host_user_problem(use_bwrap: bool | None = None) -> str | None:
