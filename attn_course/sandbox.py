@@ -600,7 +600,8 @@ def _limited_user(sandbox: Limited) -> slot_user.SlotUser | None:
     probe = ("import importlib.util as u, sys; sys.path.insert(0, sys.argv[1]); "
              "gone = [m for m in ('numpy', 'jax', 'jaxlib', 'attn_course.worker') if u.find_spec(m) is None]; "
              "sys.exit('cannot import ' + ', '.join(gone) if gone else 0)")
-    _LIMITED_PROBLEM = _tried_as(sandbox, user, [sys.executable, "-I", "-c", probe, sandbox._course()], "Python")
+    course = str(Path(worker_course()).parent)  # (the server's, as that user: Limited._course)
+    _LIMITED_PROBLEM = _tried_as(sandbox, user, [sys.executable, "-I", "-c", probe, course], "Python")
     _LIMITED_AS_SLOT_USER = _LIMITED_PROBLEM is None
     return user if _LIMITED_AS_SLOT_USER else None
 
