@@ -38,6 +38,7 @@ tooling is the only thing put on the path, read-only.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
@@ -474,6 +475,8 @@ class Limited:
         self._scratch: str | None = None
         self.user: slot_user.SlotUser | None = None
         self.user = _limited_user(self)
+        if self.user is not None:
+            _adopt_orphans()
 
     def _sources(self) -> list[str]:
         """What the sandbox's user must see at its own path: Python, its environment, the workers'
@@ -517,6 +520,7 @@ class Limited:
         self.groups.kill()
         if self.user is not None:  # and at once by their user (a cgroup is killed by a list of pids)
             _kill_user(self.user.uid)
+            _reap_user(self.user.uid)
         if self._scratch and self.user is not None:  # empty: the job's was a tmpfs over it
             try:
                 os.rmdir(self._scratch)
@@ -570,6 +574,38 @@ def _kill_user(uid: int) -> None:
 
     _as_user(uid, "kill -9 -1")
     _kill_listed(lambda: processes_of(uid))
+
+
+def _adopt_orphans() -> None:
+    """The orphans of this process's descendants come to it, not to the machine's init (Linux):
+    a container's init may never reap them (this machine's is slow to), and the zombie of a job's
+    orphan stays counted in its slot's pids group and against its user's processes until it is
+    reaped, until no job of that slot (another student's) can start a thread.  A server reaps its
+    jobs' orphans itself (:func:`attn_course.worker.serve`); those of a server that was killed
+    come here, and :meth:`Limited.cleanup` reaps them."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    if prctl is not None:
+        prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _reap_user(uid: int) -> None:
+    """Reap the ended children of this process that ran as ``uid``, a sandbox's own user: orphans
+    of its jobs (its server, a child too, was waited for before)."""
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if (fields.get("State", "").split()[:1] == ["Z"] and fields.get("PPid", "").strip() == me
+                and fields.get("Uid", "").split()[:1] == [str(uid)]):
+            try:
+                os.waitpid(int(pid), os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 def _remove_as(uid: int, paths: list[str], chunk: int = 512) -> None:

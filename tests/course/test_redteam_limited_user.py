@@ -405,3 +405,74 @@ def test_a_jobs_processes_cannot_leave_its_process_group(tmp_path):
     finally:
         box.close()
     assert failed == [], failed
+
+
+# orphans that end at once: each a zombie until the process it was handed to reaps it
+ZOMBIES = """
+import os as _os
+for _ in range({n}):
+    if _os.fork() == 0:
+        if _os.fork() == 0:
+            _os._exit(0)
+        _os._exit(0)
+    _os.waitpid(-1, 0)
+"""
+
+# the next job: can it still start the processes (or threads) a job needs?
+FORKS = """
+_pids = []
+try:
+    for _ in range(24):
+        _pid = _os.fork()
+        if _pid == 0:
+            _time.sleep(0.2)
+            _os._exit(0)
+        _pids.append(_pid)
+except OSError as _e:
+    found.append(f'fork refused after {len(_pids)}: {_e}')
+for _pid in _pids:
+    _os.waitpid(_pid, 0)
+"""
+
+
+def _zombies_of(uid: int, parent: int | None = None) -> list[int]:
+    out = []
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if (fields.get("State", "").startswith("Z") and fields.get("Uid", "").split()[:1] == [str(uid)]
+                and (parent is None or fields.get("PPid", "").strip() == str(parent))):
+            out.append(int(pid))
+    return out
+
+
+@pytest.mark.parametrize("orphans", [40, Limits().processes], ids=["server-lives", "server-killed-at-the-limit"])
+def test_a_jobs_orphans_are_reaped_before_the_next_job(tmp_path, orphans):
+    """A job's orphans went to the nearest reaper above it: without a pid namespace, the machine's
+    init, or a container's, which may never reap them (this machine's is slow to).  Their zombies
+    stayed counted in the slot's pids group and its user's processes, until the next job (another
+    student's) could not start a thread.  Here the grader stands for such an init (a subreaper that
+    does not reap).  Now the server reaps its jobs' orphans; those of a server killed at the
+    process limit come to the grader, which reaps them before the next server starts."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_CHILD_SUBREAPER = 36
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    box = Limited(81, Limits())
+    uid = box.user.uid if box.user is not None else None
+    try:
+        assert box.user is not None, sandbox._LIMITED_PROBLEM
+        with started(box) as server:
+            spy(server, package(tmp_path, ZOMBIES.format(n=orphans)))
+            left = _zombies_of(uid)
+            failed = spy(server, package(tmp_path, spy_source(FORKS), "forker"))
+    finally:
+        box.close()
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        for pid in _zombies_of(uid, os.getpid()) if uid is not None else ():
+            os.waitpid(pid, 0)  # the orphans handed to this process (before the fix)
+    assert (left, failed) == ([], []), f"{len(left)} zombies of the job's user; the next job: {failed}"
