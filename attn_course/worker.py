@@ -838,25 +838,6 @@ def _kill_others(in_pid_namespace: bool, child: int, template: int, own_user: bo
     return False
 
 
-def _reap(keep: int) -> None:
-    """Reap this process's children that have ended, all but ``keep`` (the template, whose end
-    :func:`serve` reads itself): the orphans of its jobs, handed to it as their subreaper."""
-    me = str(os.getpid()).encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == keep:
-            continue
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if ppid == me and state == b"Z":
-            try:
-                os.waitpid(int(pid), os.WNOHANG)
-            except ChildProcessError:
-                pass
-
-
 def _sysv_ipc() -> bool:
     """Whether a System V shared memory segment, semaphore set or message queue exists (in the
     sandbox's own IPC namespace: one left by a job would outlive it, for the next to read)."""
@@ -1277,10 +1258,10 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     in_pid_namespace = os.getpid() <= 3
-    if not in_pid_namespace:  # a job's orphans come to this server, which reaps them after each job,
-        _prctl(libc, PR_SET_CHILD_SUBREAPER, 1)  # not to the machine's init, or a container's, which may
-        # never reap them: their zombies would stay counted in the slot's pids group and its user's
-        # processes, until the next job (another student's) could not start a thread
+    if not in_pid_namespace:  # a job's orphans come to this server, not to the machine's init, or a
+        _prctl(libc, PR_SET_CHILD_SUBREAPER, 1)  # container's, which may never reap them: their zombies
+        # would stay counted in the slot's pids group and its user's processes, until the next job
+        # (another student's) could not start a thread.  The kernel reaps them here (below)
     if os.getpid() == 1:  # its namespace's init (bubblewrap's --as-pid-1): a signal from a job is
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # dropped unless handled: Python's SIGINT no more
     shm = "/dev/shm" if in_pid_namespace and os.path.isdir("/dev/shm") else None
@@ -1299,6 +1280,10 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
         _template(theirs, server, work, devnull, libc, confined)
         os._exit(0)
     theirs.close()
+    # the children of this server that end (its jobs' orphans; the template, forked above with
+    # Python's disposition, reaps its jobs itself) are reaped by the kernel at once: no zombie
+    # (the template's end is still seen: template_well finds it gone)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     marks = {p: _marks(p, libc) for p in (server, template)}  # before any job
     # the sockets of the sandbox's own network namespace (bubblewrap's; not without one)
     sockets = (_unix_sockets(), _inet_sockets()) if in_pid_namespace else (frozenset(), ())
@@ -1404,7 +1389,6 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
             elif time.monotonic() > deadline or not template_well():
                 lost = True  # a template the job stopped cannot report: a new sandbox
         clean = _kill_others(in_pid_namespace, pid, template, own_user) and not lost
-        _reap(template)
         os.close(r)
         tail = _last_line(work / "output.log")
         clean = _empty(scratch, keep) and (shm is None or _empty(shm)) and clean
