@@ -192,6 +192,29 @@ class Plain:
         return 0
 
 
+def tasks_of(uid: int) -> int:
+    """How many processes and threads run as ``uid`` (real uid), as far as this process sees:
+    what the kernel's RLIMIT_NPROC counts, zombies included."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                ours = False
+                for line in f:
+                    if line.startswith("Uid:"):
+                        ours = line.split()[1] == str(uid)
+                        if not ours:
+                            break
+                    elif line.startswith("Threads:"):
+                        n += int(line.split()[1]) if ours else 0
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return n
+
+
 def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups | None", uid: int | None = None,
               stage: list[tuple[str, str]] | dict | None = None) -> list[str]:
     """The limits, applied by :mod:`attn_course.limit` just before exec; as ``uid`` (root only),
@@ -202,6 +225,12 @@ def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups | None", uid: in
     # (the runner then reads its refusals and names the process limit), and the rlimit a backstop
     counted = groups is not None and groups.events is not None
     nproc = 2 * limits.processes if counted else limits.processes
+    # and it counts ALL of that user's processes and threads: where the sandbox runs as the
+    # grader's own user (not root), the ones that user already runs too (a desktop's browser alone
+    # has hundreds, and a limit of 64 refused the sandbox its first fork): on top of those
+    runs_as = os.getuid() if uid is None else uid
+    if runs_as != 0:  # (root's is not enforced)
+        nproc += tasks_of(runs_as)
     return [sys.executable, "-S", "-I", limit, str(limits.cpu_s), str(limits.memory_mb),
             str(limits.file_mb), str(nproc), "1" if newnet else "0",
             ",".join(str(g) for g in groups.paths) if groups and groups.paths else "-",
