@@ -47,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,24 +196,10 @@ class Plain:
 def tasks_of(uid: int) -> int:
     """How many processes and threads run as ``uid`` (real uid), as far as this process sees:
     what the kernel's RLIMIT_NPROC counts, zombies included."""
-    n = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                ours = False
-                for line in f:
-                    if line.startswith("Uid:"):
-                        ours = line.split()[1] == str(uid)
-                        if not ours:
-                            break
-                    elif line.startswith("Threads:"):
-                        n += int(line.split()[1]) if ours else 0
-                        break
-        except (OSError, ValueError, IndexError):
-            continue
-    return n
+    from .worker import proc_status
+
+    return sum(int(status["Threads"][0]) for _, status in proc_status("Uid", "Threads")
+               if status.get("Uid", [])[:1] == [str(uid)] and status.get("Threads"))
 
 
 def _launcher(limits: Limits, newnet: bool, groups: "SlotGroups | None", uid: int | None = None,
@@ -505,7 +492,7 @@ class Limited:
         self.user: slot_user.SlotUser | None = None
         self.user = _limited_user(self)
         if self.user is not None:
-            _adopt_orphans()
+            _adopt_orphans(True)
 
     def _sources(self) -> list[str]:
         """What the sandbox's user must see at its own path: Python, its environment, the workers'
@@ -572,6 +559,7 @@ class Limited:
         self.groups.remove()
         self.stage.remove()
         if self.user is not None:
+            _adopt_orphans(False)
             self.user.release()
             self.user = None
 
@@ -605,34 +593,39 @@ def _kill_user(uid: int) -> None:
     _kill_listed(lambda: processes_of(uid))
 
 
-def _adopt_orphans() -> None:
-    """The orphans of this process's descendants come to it, not to the machine's init (Linux):
-    a container's init may never reap them (this machine's is slow to), and the zombie of a job's
-    orphan stays counted in its slot's pids group and against its user's processes until it is
-    reaped, until no job of that slot (another student's) can start a thread.  A server reaps its
-    jobs' orphans itself (:func:`attn_course.worker.serve`); those of a server that was killed
-    come here, and :meth:`Limited.cleanup` reaps them."""
-    prctl = getattr(ctypes.CDLL(None), "prctl", None)
-    if prctl is not None:
-        prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+_adopters = 0  # the sandboxes of this process for which orphans come to it
+_adopters_lock = threading.Lock()
+
+
+def _adopt_orphans(on: bool) -> None:
+    """While a limits-only sandbox with a user of its own lives (``on``, then not), the orphans of
+    this process's descendants come to it, not to the machine's init (Linux): a container's init
+    may never reap them (this machine's is slow to), and the zombie of a job's orphan stays
+    counted in its slot's pids group and against its user's processes until it is reaped, until
+    no job of that slot (another student's) can start a thread.  A server reaps its jobs'
+    orphans itself (:func:`attn_course.worker.serve`); those of a server that was killed come
+    here, and :meth:`Limited.cleanup` reaps them.  Only while such a sandbox lives: the orphans
+    of anything else this process starts (a command under ``unshare``) are not reaped here."""
+    from .worker import PR_SET_CHILD_SUBREAPER, _prctl
+
+    global _adopters
+    with _adopters_lock:
+        _adopters += 1 if on else -1
+        if _adopters == (1 if on else 0):
+            _prctl(ctypes.CDLL(None), PR_SET_CHILD_SUBREAPER, int(on))
 
 
 def _reap_user(uid: int) -> None:
     """Reap the ended children of this process that ran as ``uid``, a sandbox's own user: orphans
     of its jobs (its server, a child too, was waited for before)."""
-    me = str(os.getpid())
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if (fields.get("State", "").split()[:1] == ["Z"] and fields.get("PPid", "").strip() == me
-                and fields.get("Uid", "").split()[:1] == [str(uid)]):
+    from .worker import proc_status
+
+    me = [str(os.getpid())]
+    for pid, status in proc_status("State", "PPid", "Uid"):
+        if (status.get("State", [])[:1] == ["Z"] and status.get("PPid") == me
+                and status.get("Uid", [])[:1] == [str(uid)]):
             try:
-                os.waitpid(int(pid), os.WNOHANG)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
 

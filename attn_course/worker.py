@@ -38,7 +38,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -784,25 +784,32 @@ def _end_with_parent(parent: int) -> None:
 STOP = {"stop": True}  # while a job runs: end it now (a limit was reached); ignored between jobs
 
 
+def proc_status(*fields: str) -> Iterator[tuple[int, dict[str, list[str]]]]:
+    """Each process of this pid namespace (its pid) with the named fields of its
+    ``/proc/PID/status`` (those it has, each as its words), read up to the last of them."""
+    wanted = set(fields)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        found: dict[str, list[str]] = {}
+        try:
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key in wanted:
+                        found[key] = value.split()
+                        if len(found) == len(wanted):
+                            break
+        except OSError:
+            continue
+        yield int(name), found
+
+
 def processes_of(uid: int) -> list[int]:
     """The living processes of this pid namespace that run as ``uid`` (real, effective, saved or
     filesystem uid); a zombie is dead (a container's init may never reap it)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"State:") and line.split()[1:2] == [b"Z"]:
-                        break
-                    if line.startswith(b"Uid:"):
-                        if str(uid).encode() in line.split()[1:]:
-                            found.append(int(pid))
-                        break
-        except OSError:
-            pass
-    return found
+    return [pid for pid, status in proc_status("State", "Uid")
+            if status.get("State", ["?"])[0] != "Z" and str(uid) in status.get("Uid", [])]
 
 
 def _kill_others(in_pid_namespace: bool, child: int, template: int, own_user: bool = False) -> bool:

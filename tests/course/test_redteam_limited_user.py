@@ -23,6 +23,7 @@ import pytest
 
 from attn_course import sandbox, slot_user
 from attn_course.sandbox import Limited, Limits
+from attn_course.worker import PR_SET_CHILD_SUBREAPER, proc_status
 
 from server_jobs import package, spy, spy_source, started
 
@@ -204,15 +205,8 @@ for _pid in [p for p in _os.listdir('/proc') if p.isdigit()]:
 
 def _escapees(token: str) -> list[int]:
     """The escapees alive (a zombie is dead: this machine's init may never reap it)."""
-    out = []
-    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if f"(escapee-{token})" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z":
-            out.append(int(pid))
-    return out
+    return [pid for pid, status in proc_status("Name", "State")
+            if status.get("Name") == [f"escapee-{token}"] and status.get("State", ["?"])[0] != "Z"]
 
 
 def test_a_process_that_left_the_jobs_group_is_gone_before_the_next_job(tmp_path):
@@ -408,14 +402,23 @@ def test_a_jobs_processes_cannot_leave_its_process_group(tmp_path):
 
 
 # orphans that end at once: each a zombie until the process it was handed to reaps it
-ZOMBIES = """
-import os as _os
+# orphans: each a zombie, once it ends, until the process it was handed to reaps it
+ORPHANS = """
+import os as _os, time as _time
 for _ in range({n}):
     if _os.fork() == 0:
         if _os.fork() == 0:
+            _time.sleep({sleep})
             _os._exit(0)
         _os._exit(0)
     _os.waitpid(-1, 0)
+"""
+# ... then the job kills its server (the template's parent, of the same user: with limits only
+# it may), whose orphans go up to the grader
+KILL_SERVER = """
+_server = int(open(f"/proc/{_os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1])
+_os.kill(_server, 9)
+_time.sleep(5)
 """
 
 # the next job: can it still start the processes (or threads) a job needs?
@@ -436,17 +439,9 @@ for _pid in _pids:
 
 
 def _zombies_of(uid: int, parent: int | None = None) -> list[int]:
-    out = []
-    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        if (fields.get("State", "").startswith("Z") and fields.get("Uid", "").split()[:1] == [str(uid)]
-                and (parent is None or fields.get("PPid", "").strip() == str(parent))):
-            out.append(int(pid))
-    return out
+    return [pid for pid, status in proc_status("State", "PPid", "Uid")
+            if status.get("State", [])[:1] == ["Z"] and status.get("Uid", [])[:1] == [str(uid)]
+            and (parent is None or status.get("PPid") == [str(parent)])]
 
 
 def test_a_jobs_orphans_are_reaped_before_the_next_job(tmp_path):
@@ -454,13 +449,12 @@ def test_a_jobs_orphans_are_reaped_before_the_next_job(tmp_path):
     init, or a container's, which may never reap them (this machine's is slow to).  Their zombies
     stayed counted in the slot's pids group and its user's processes, until the next job (another
     student's) could not start a thread.  Here the grader stands for such an init (a subreaper that
-    does not reap).  Now the server reaps its jobs' orphans (40 of them, its server living on);
-    those of a server killed at the process limit (as many as the limit) come to the grader, which
-    reaps them before the next server starts."""
+    does not reap).  Now the server reaps its jobs' orphans as they end (40 of them, which end at
+    once); those still running when their server is killed (40 too) come to the grader, which
+    kills and reaps them before the next server starts."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_CHILD_SUBREAPER = 36
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     box = Limited(81, Limits())
     uid = box.user.uid if box.user is not None else None
@@ -469,13 +463,14 @@ def test_a_jobs_orphans_are_reaped_before_the_next_job(tmp_path):
         assert box.user is not None, sandbox._LIMITED_PROBLEM
         earlier = set(_zombies_of(uid))  # (another test's, of the same user, that its grader left)
         with started(box) as server:
-            for orphans in (40, Limits().processes):
-                spy(server, package(tmp_path, ZOMBIES.format(n=orphans)))
-                left[orphans] = len(set(_zombies_of(uid)) - earlier)
-            failed = spy(server, package(tmp_path, spy_source(FORKS), "forker"))
+            spy(server, package(tmp_path, ORPHANS.format(n=40, sleep=0)))
+            left["ended"] = len(set(_zombies_of(uid)) - earlier)
+            spy(server, package(tmp_path, ORPHANS.format(n=40, sleep=60) + KILL_SERVER))
+            failed = spy(server, package(tmp_path, spy_source(FORKS), "forker"))  # on a new server
+            left["server killed"] = len(set(_zombies_of(uid)) - earlier)
     finally:
         box.close()
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
         for pid in _zombies_of(uid, os.getpid()) if uid is not None else ():
             os.waitpid(pid, 0)  # the orphans handed to this process (before the fix)
-    assert (left, failed) == ({40: 0, Limits().processes: 0}, []), f"zombies of the job's user {left}; the next job: {failed}"
+    assert (left, failed) == ({"ended": 0, "server killed": 0}, []), f"zombies of the job's user {left}; the next job: {failed}"
