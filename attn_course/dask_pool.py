@@ -148,7 +148,11 @@ class _WorkerGrader:
             raise WorkerRefused(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has no working "
                                 "bubblewrap, which --notebooks needs", _this_worker())
         self.grader.prepare()
-        self.grader.start_workers()
+        try:
+            self.grader.start_workers()
+        except BaseException:  # not one server started here (StartError): the task fails, and its archive
+            self.grader.close()  # is retried on the next run; nothing of this grader is kept
+            raise
         self.free: list[int] = []
         self.slots = 0
         self.busy = 0  # tasks holding a slot (changed under _LOCK)

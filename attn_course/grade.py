@@ -63,7 +63,7 @@ from .registry import Exercise, secret, select
 from .runner import fill_worker_cache, package_files, reference_results, run_and_grade, run_worker
 from .sandbox import GRADING_LIMITS, Limits, confinement
 from .scoring import ExerciseResult, Status, stubbed_exercises
-from .server import WorkerServer
+from .server import StartError, WorkerServer
 from .results import ArchiveResult, atomic_write, latest_by_student, result_name
 from .text import terminal
 from .workspace import ASSIGNMENT
@@ -222,13 +222,20 @@ class Grader:
         Idempotent; a server that fails to start is started again by the
         first archive that needs it.  The servers are launched from this
         thread (a sandbox dies with the thread that launched it), then made
-        ready and warmed side by side.
+        ready and warmed side by side.  Raises
+        :class:`attn_course.server.StartError` where not one of them starts:
+        no archive could be graded, and none is.
         """
         items = [(e, self._expected[e.id][2] + self._expected[e.id][0]) for e in self.exercises]
+        failed: list[StartError] = []  # (list.append is atomic: the threads below share it)
 
         def start(server: WorkerServer) -> None:
             try:
                 server.wait_ready()
+            except StartError as err:
+                failed.append(err)
+                return
+            try:
                 if not warm:
                     return
                 for backend in self.backends:
@@ -251,6 +258,8 @@ class Grader:
             t.start()
         for t in threads:
             t.join()
+        if idle and len(failed) == len(idle):  # not one server started: no archive could be graded
+            raise failed[-1]
 
     def _server(self, slot: int) -> WorkerServer:
         if slot not in self._servers:
@@ -390,6 +399,11 @@ class Grader:
                     result.notebook_feedback.update(fb)
                     result.budget_spent |= spent
             result.sandbox = self._server(slot).sandbox.kind
+            return result
+        except StartError as err:  # nothing of the archive ran: the grader's problem, never its score
+            result.error = True
+            result.rejected = f"not graded: {err}; it is retried on the next run"
+            result.scores = {e.id: 0.0 for e in self.exercises}
             return result
         except Exception as err:  # noqa: BLE001 - one archive never stops the batch
             result.error = True
@@ -576,7 +590,12 @@ def main_grade(args) -> int:
         problem = host_user_problem(g.use_bwrap)
         if problem:
             print(f"warning: {host_user_warning(problem)}", file=sys.stderr)
-    results = g.run(Path(args.submissions), regrade=args.regrade)
+    try:
+        results = g.run(Path(args.submissions), regrade=args.regrade)
+    except StartError as err:
+        print(f"attn-course: cannot grade: {err}. Nothing was graded; finished results are kept "
+              "(check that the grader's Python environment can be read where its sandboxes run)", file=sys.stderr)
+        return 1
     best = latest_by_student(results)
     if args.nbgrader or args.notebooks:
         from .nbgrader_bridge import export_csv, write_gradebook
@@ -589,4 +608,9 @@ def main_grade(args) -> int:
             print(f"attn-course: writing nbgrader's gradebook failed: {type(err).__name__}: {err}", file=sys.stderr)
             return 1
         print(f"scores written to nbgrader's gradebook {db}; nbgrader export: {csv_path}")
+    failed = [r for r in results if r.error]
+    if failed:
+        print(f"attn-course: {len(failed)} archive(s) not graded ({terminal(failed[0].rejected, 300)}, ...): "
+              "they have no score yet; run the same command again to grade them", file=sys.stderr)
+        return 1
     return 0

@@ -22,7 +22,7 @@ from . import values
 from .registry import Case, Exercise
 from .sandbox import Limits
 from .scoring import CaseResult, Outcome, grade
-from .server import Done, ServerError, Stopped, WorkerServer
+from .server import Done, ServerError, StartError, Stopped, WorkerServer
 
 START_GRACE_S = 20.0  # a job on a new server also pays for starting Python and importing JAX
 FIRST_EXERCISE_GRACE_S = 3.0  # the first exercise of a job also starts JAX's backend
@@ -113,12 +113,18 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     outcomes are known (a progress display), in the order they arrive; it
     should be quick, since the next exercise's clock runs meanwhile.
     ``programs``: on JAX, one program for the job or one per exercise (:class:`Programs`).
+
+    Raises :class:`attn_course.server.StartError` where the server does not
+    start for this call's first job: nothing has run, so there is nothing to
+    score (a server that does not start again after a job of this call
+    crashed it costs the exercises still to run, as a crash).
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
     raw = _Reported(on_result)
     remaining = list(items)
     alone = False  # after a crash: one exercise per job, so that a crash names its exercise for certain
+    first = True  # no job of this call was sent yet: a server that does not start now is the grader's problem
     while remaining:
         batch = remaining[:1] if alone else remaining
         todo = {ex.id: len(cases) for ex, cases in batch}
@@ -146,9 +152,15 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         look = started
         try:
             server.submit(job)
+        except StartError:
+            if first:  # nothing of this call has run: not the submission's doing (the caller's to report)
+                raise
+            verdict = Outcome.failure("crashed", "the worker could not start again after it crashed")
+            gone = True
         except ServerError as err:
             verdict = Outcome.failure("crashed", f"the worker could not start ({err})")
             gone = True
+        first = False
         while verdict is None and done is None:
             try:
                 msgs = server.poll()

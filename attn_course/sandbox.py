@@ -125,12 +125,85 @@ def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     return env
 
 
+# the distributions a worker server imports (attn_course.worker, the specs, JAX's own imports; MLX
+# for --backend mlx), whose folders it must find on its path (worker_site_dirs)
+WORKER_PACKAGES = ("numpy", "jax", "jaxlib", "ml_dtypes", "opt_einsum", "scipy", "mlx")
+# the course's own packages: where an installation of them (not an editable one) lies in a
+# folder that bubblewrap binds, an empty folder hides it (the reference library is one of them)
+COURSE_PACKAGES = ("attn_tensors", "attn_course")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _installation() -> list[Path]:
+    return sorted({Path(p).resolve() for p in (sys.prefix, sys.base_prefix)})
+
+
+def worker_site_dirs() -> list[str]:
+    """The folders of this Python's path, outside its installation, that hold a worker's packages.
+
+    A user site (``pip install --user``) or a folder that a ``.pth`` file
+    adds: a server runs ``python -I``, which leaves out the user site and
+    ``PYTHONPATH``, and bubblewrap binds only the installation.  Without
+    them every server failed to start (``No module named 'numpy'``).  They
+    are put back on the server's path (:func:`_server_argv`) and bound
+    read-only.  A folder that holds the course's own folder is never one
+    (a worker would see the reference library): a package only there is
+    not found, and the server says so as it starts.
+    """
+    import importlib.util
+
+    inside = _installation()
+    course = ROOT.resolve()
+    found: list[str] = []
+    for name in WORKER_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        where = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+        if not where:
+            continue
+        site = Path(where[0]).resolve().parent
+        if any(_within(site, folder) for folder in inside) or _within(course, site):
+            continue
+        if str(site) not in found:
+            found.append(str(site))
+    return found
+
+
+def hidden_course_copies(folders: list[str]) -> list[str]:
+    """Installed copies of the course's packages (``pip install .``, not ``-e``) in these folders'
+    site folders: what bubblewrap covers with an empty folder, where it binds them."""
+    import sysconfig
+
+    sites = {Path(p) for p in folders}
+    for scheme_path in ("purelib", "platlib"):
+        try:
+            sites.add(Path(sysconfig.get_paths()[scheme_path]))
+        except KeyError:
+            pass
+    out = []
+    for site in sorted(sites):
+        for name in COURSE_PACKAGES:
+            copy = site / name
+            if copy.is_dir() and any(_within(copy.resolve(), Path(f).resolve()) for f in folders):
+                out.append(str(copy))
+    return sorted(set(out))
+
+
 def _server_argv(course_parent: str, scratch: str, confined: bool = True) -> list[str]:
-    """``python -I``: attn_course from ``course_parent`` only, never the current folder.  Its
+    """``python -I``: attn_course from ``course_parent`` only, never the current folder; the
+    folders of :func:`worker_site_dirs` after the installation's own.  Its
     imports (JAX's) run without the cyclic garbage collector, about 15% of a server's start:
     :func:`attn_course.worker.serve` turns it back on.  ``confined``: each job's process refuses
     the kernel calls no job needs (:mod:`attn_course.seccomp`), as the grading sandboxes ask."""
     boot = (f"import gc; gc.disable(); import sys; sys.path.insert(0, {course_parent!r}); "
+            f"sys.path.extend({worker_site_dirs()!r}); "
             "from attn_course.worker import main; sys.exit(main())")
     return [sys.executable, "-I", "-c", boot, "--serve", "--scratch", scratch] + (["--confined"] if confined else [])
 
@@ -766,6 +839,7 @@ class Bubblewrap:
                                            "/etc/ld.so.cache") if os.path.exists(path)]
         binds += [(path, path) for path in sorted({sys.base_prefix, sys.prefix,
                                                    str(Path(sys.executable).resolve().parents[1])})]
+        binds += [(path, path) for path in worker_site_dirs()]
         binds.append((worker_course(), f"{COURSE_IN_SANDBOX}/attn_course"))
         if self.cache is not None:  # the workers' own cache (see xla_cache.worker_cache_dir)
             binds.append((str(self.cache), str(self.cache)))
@@ -785,12 +859,23 @@ class Bubblewrap:
         # and a job that opened /dev/ptmx 3071 times left none to containers or other sandboxes
         argv = [shutil.which("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns",
                 "--die-with-parent", "--as-pid-1", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
-                "--size", size, "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
+                "--size", size, "--tmpfs", "/tmp", *binds, *self._hide_course_copies(),
+                "--proc", "/proc", "--dev", "/dev",
                 "--size", size, "--tmpfs", "/dev/shm", "--size", "4096", "--tmpfs", "/dev/pts",
                 "--remount-ro", "/dev/pts", "--remount-ro", "/dev", "--remount-ro", "/",
                 "--chdir", "/", "--clearenv"]
         for k, v in worker_env("/tmp", self.cache).items():
             argv += ["--setenv", k, v]
+        return argv
+
+    def _hide_course_copies(self) -> list[str]:
+        """An empty read-only folder over each installed copy of the course's packages in what is
+        bound (the reference library: a job must not read it); the server imports attn_course
+        from its own copy (COURSE_IN_SANDBOX) and each job's attn_tensors from the job."""
+        bound = [dest for _, dest in self._binds() if dest != f"{COURSE_IN_SANDBOX}/attn_course"]
+        argv: list[str] = []
+        for path in hidden_course_copies(bound):
+            argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
         return argv
 
     def _launch(self, groups: SlotGroups | None) -> list[str]:

@@ -27,12 +27,14 @@ import os
 import select
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
 
 from . import sandbox as _sandbox
+from .run_dir import run_dir
 from .sandbox import Limits, Sandbox
 from .xla_cache import check_cache_dir
 
@@ -42,6 +44,37 @@ STOP_WAIT_S = 2.0  # how long a server has to end a stopped job and answer (stop
 
 class ServerError(RuntimeError):
     """The server broke (started badly, died, spoke out of protocol)."""
+
+
+class StartError(ServerError):
+    """The server did not start: it never said it was ready, so no job ran in it.
+
+    The grader's problem (the Python environment, the sandbox, the machine),
+    never a submission's: the grader does not score it (:mod:`attn_course.grade`).
+    ``reason`` is the last line the server's start wrote to its standard error
+    (bounded and made printable), or "" where it wrote none.
+    """
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(f"{message}: {reason}" if reason else message)
+        self.reason = reason
+
+
+START_LOG_BYTES = 4096  # what is read back of a server's start (its standard error) when it fails
+
+
+def _last_line(log) -> str:
+    """The last non-empty line of a server's start log (a file), bounded and printable."""
+    from .text import terminal
+
+    try:
+        size = os.fstat(log.fileno()).st_size
+        log.seek(max(0, size - START_LOG_BYTES))
+        text = log.read(START_LOG_BYTES).decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return terminal(lines[-1], 300) if lines else ""
 
 
 class Stopped(Enum):
@@ -83,6 +116,7 @@ class WorkerServer:
         # A server started again (its predecessor was killed) is off until its user says so again
         self.warm = False
         self._lock = threading.Lock()
+        self._start_log = None  # the server's standard error: what its start wrote (see launch)
 
     # -- life ---------------------------------------------------------------------
     def start(self) -> None:
@@ -97,8 +131,13 @@ class WorkerServer:
         when that *thread* ends): launch from a thread that outlives the jobs.
         """
         argv, env = self.sandbox.server_command()
+        # its standard error goes to a file of the grader's own (unnamed, in its private folder),
+        # read back only if it does not start: a server writes there only while it starts (an
+        # import that fails), then points it at /dev/null before any job exists
+        self._close_start_log()
+        self._start_log = tempfile.TemporaryFile(dir=run_dir())
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+                                     stderr=self._start_log, env=env, start_new_session=True,
                                      cwd="/")
         if self.starts:
             self.warm = False  # a new server after one that was killed: its user decides again
@@ -116,8 +155,17 @@ class WorkerServer:
             if msg is not None or self.proc.poll() is not None:
                 break
             time.sleep(0.01)
+        else:
+            self.kill()
+            raise StartError(f"the worker server did not start within {self.start_timeout_s:g} s")
         self.kill()
-        raise ServerError("the worker server did not start")
+        reason = _last_line(self._start_log) if self._start_log is not None else ""
+        raise StartError("the worker server did not start", reason)
+
+    def _close_start_log(self) -> None:
+        log, self._start_log = self._start_log, None
+        if log is not None:
+            log.close()
 
     def ensure(self) -> None:
         if self.closed:
@@ -151,6 +199,7 @@ class WorkerServer:
         """Stop for good: a job still waiting on this server fails at once."""
         self.closed = True
         self.kill()
+        self._close_start_log()
         self.sandbox.close()
 
     # -- jobs -----------------------------------------------------------------------
