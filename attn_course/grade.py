@@ -300,15 +300,19 @@ class Grader:
         result.identity = verdict.value
 
     def _run(self, slot: int, exercises: list[Exercise], files: dict[str, str], stubbed: set[str],
-             deadline: float, notebook: dict | None = None,
-             backend: str = "jax") -> tuple[dict[str, float], dict[str, dict], bool]:
-        """Hidden cases of every exercise, then public ones for those that lost points (on ``backend``)."""
+             deadline: float, notebook: dict | None = None, backend: str = "jax",
+             first: bool = False) -> tuple[dict[str, float], dict[str, dict], bool]:
+        """Hidden cases of every exercise, then public ones for those that lost points (on ``backend``).
+
+        ``first``: the archive's first job, whose server not starting is the grader's
+        problem (:class:`attn_course.server.StartError` is raised, :meth:`grade_one`)."""
         server = self._server(slot)
         exp = self._expected
         from .diagnose import explain
 
         hidden_res = run_and_grade(server, files, [(e, exp[e.id][2], exp[e.id][3]) for e in exercises],
-                                   True, stubbed, self.limits, deadline, notebook, explain, backend)
+                                   True, stubbed, self.limits, deadline, notebook, explain, backend,
+                                   start_errors=first)
         failing = [e for e in exercises
                    if not all(c.passed for c in hidden_res[e.id])
                    and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
@@ -338,7 +342,7 @@ class Grader:
             return copy.deepcopy(self._untouched)
         stubbed = stubbed_exercises(files)
         scores, feedback, spent = self._run(slot, self.exercises, files, stubbed, deadline,
-                                            backend=self.backends[0])
+                                            backend=self.backends[0], first=True)
         for other in self.backends[1:]:  # for information: its own budget, never the score
             s, fb, other_spent = self._run(slot, self.exercises, files, stubbed,
                                            time.monotonic() + self.limits.per_archive_s, backend=other)
@@ -579,6 +583,14 @@ def main_grade(args) -> int:
             if open_to_all:
                 print(f"warning: {terminal(str(open_to_all), 300)} lets every user of this machine read the "
                       "submissions, the jobs too (limits only): chmod 0700 it", file=sys.stderr)
+            from .sandbox import hidden_course_copies, worker_site_dirs
+
+            installed = [c for c in hidden_course_copies([sys.prefix, sys.base_prefix, *worker_site_dirs()])
+                         if readable_by_all(Path(c))]
+            if installed:  # (bubblewrap hides them; limits only cannot)
+                print(f"warning: an installed copy of the course ({terminal(installed[0], 300)}) holds the "
+                      "reference library, and every user may read it, the jobs too (limits only): "
+                      "install the course with pip install -e, or install bubblewrap", file=sys.stderr)
     if not g.scheduler:  # (on a cluster, each worker is asked: DaskPool.check_workers)
         from .seccomp import filter_problem, unfiltered_warning
 

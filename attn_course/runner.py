@@ -101,7 +101,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                limits: Limits, deadline: float | None = None,
                notebook: dict | None = None, backend: str = "jax",
                on_result: Callable[[str, list[Outcome]], None] | None = None,
-               programs: Programs = Programs.JOB) -> dict[str, list[Outcome]]:
+               programs: Programs = Programs.JOB, start_errors: bool = False) -> dict[str, list[Outcome]]:
     """Each exercise's outcomes (one per case, or one for all when it failed as a whole).
 
     ``deadline`` (``time.monotonic()``) is the archive's budget: what has not
@@ -114,17 +114,20 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     should be quick, since the next exercise's clock runs meanwhile.
     ``programs``: on JAX, one program for the job or one per exercise (:class:`Programs`).
 
-    Raises :class:`attn_course.server.StartError` where the server does not
-    start for this call's first job: nothing has run, so there is nothing to
-    score (a server that does not start again after a job of this call
-    crashed it costs the exercises still to run, as a crash).
+    ``start_errors``: raise :class:`attn_course.server.StartError` where the
+    server does not start for this call's first job (nothing has run: there
+    is nothing to score, and the caller reports it); the grader asks so for
+    an archive's first job only, since a server that does not start after a
+    job of the same archive crashed it costs the exercises still to run, as
+    a crash.  Otherwise such a start is every exercise's failure, with its
+    reason (a student's ``check``).
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
     raw = _Reported(on_result)
     remaining = list(items)
     alone = False  # after a crash: one exercise per job, so that a crash names its exercise for certain
-    first = True  # no job of this call was sent yet: a server that does not start now is the grader's problem
+    first = start_errors  # no job was sent yet: a server that does not start now is the caller's problem
     while remaining:
         batch = remaining[:1] if alone else remaining
         todo = {ex.id: len(cases) for ex, cases in batch}
@@ -152,12 +155,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         look = started
         try:
             server.submit(job)
-        except StartError:
-            if first:  # nothing of this call has run: not the submission's doing (the caller's to report)
-                raise
-            verdict = Outcome.failure("crashed", "the worker could not start again after it crashed")
-            gone = True
         except ServerError as err:
+            if first and isinstance(err, StartError):  # nothing has run: not the submission's doing
+                raise
             verdict = Outcome.failure("crashed", f"the worker could not start ({err})")
             gone = True
         first = False
@@ -272,11 +272,14 @@ class _Reported(dict):
 def run_and_grade(server: WorkerServer, files: dict[str, str],
                   items: list[tuple[Exercise, list[Case], list[Outcome]]], hidden: bool, stubbed: set[str],
                   limits: Limits, deadline: float | None = None,
-                  notebook: dict | None = None, diagnose=None, backend: str = "jax") -> dict[str, list[CaseResult]]:
+                  notebook: dict | None = None, diagnose=None, backend: str = "jax",
+                  start_errors: bool = False) -> dict[str, list[CaseResult]]:
     """Run (exercise, cases, expected outcomes) in the worker and score each case: the one path
     of ``check``, ``grade`` and the notebooks' grading.  ``backend``: "jax" or "mlx" (the
-    expected outcomes are the same, the tolerances :func:`attn_course.scoring.tolerance`'s)."""
-    raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, deadline, notebook, backend)
+    expected outcomes are the same, the tolerances :func:`attn_course.scoring.tolerance`'s).
+    ``start_errors``: see :func:`run_worker`."""
+    raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, deadline, notebook, backend,
+                     start_errors=start_errors)
     return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed, diagnose, backend)
             for e, cases, expected in items}
 

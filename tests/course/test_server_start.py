@@ -80,12 +80,41 @@ def test_what_a_start_wrote_is_read_back_bounded_and_printable():
     server.close()
 
 
-def test_the_runner_scores_nothing_when_its_first_job_finds_no_server():
+def test_the_runner_scores_nothing_when_the_archives_first_job_finds_no_server():
     ex = all_exercises()["3.5"]
     server = WorkerServer(_failing())
     with pytest.raises(StartError):
-        run_worker(server, {}, [(ex, ex.make_cases(False))], Limits())
+        run_worker(server, {}, [(ex, ex.make_cases(False))], Limits(), start_errors=True)
+    # a student's check (and a later job of the archive): every exercise fails, with the reason
+    out = run_worker(server, {}, [(ex, ex.make_cases(False))], Limits())
+    assert [o.status for o in out["3.5"]] == ["crashed"] and WHY in out["3.5"][0].message, out
     server.close()
+
+
+class DiesThenFails(Failing):
+    """Starts once (and dies in its first job), then never starts again."""
+
+    def __init__(self, marker):
+        code = (f"import os, sys\nif os.path.exists({str(marker)!r}):\n"
+                f"    sys.stderr.write({WHY!r} + '\\n'); sys.exit(1)\n"
+                f"open({str(marker)!r}, 'w').close()\n"
+                "sys.stdout.write('{\"ready\": true}\\n'); sys.stdout.flush()\n"
+                "sys.stdin.readline(); sys.exit(3)\n")
+        self.argv, self.starts = [sys.executable, "-c", code], 0
+
+
+def test_a_server_that_does_not_start_after_the_archives_own_job_crashed_it_is_a_crash(tmp_path):
+    """Only a start before any of the archive's jobs is the grader's problem: after a job of the
+    archive killed its server, a server that does not start costs the exercises still to run."""
+    ex = all_exercises()
+    items = [(ex[i], ex[i].make_cases(False)) for i in ("3.2", "3.5")]
+    server = WorkerServer(DiesThenFails(tmp_path / "started"))
+    try:
+        out = run_worker(server, {}, items, Limits(), start_errors=True)
+    finally:
+        server.close()
+    assert set(out) == {"3.2", "3.5"}
+    assert all(o.status == "crashed" for outs in out.values() for o in outs), out
 
 
 def _class(folder):
@@ -199,3 +228,34 @@ def test_an_installed_copy_of_the_reference_is_hidden_from_jobs(tmp_path, monkey
         box.close()
     assert "visible = True" in r.stdout, (r.stdout, r.stderr)
     assert "solutions" not in r.stdout and "statmech" not in r.stdout and "wrote" not in r.stdout, r.stdout
+
+
+def test_grading_with_limits_only_warns_of_an_installed_copy_of_the_reference(tmp_path, monkeypatch, capsys):
+    """Limits only cannot hide a folder: an installed copy of the course that every user may read
+    is named in a warning (bubblewrap covers it, above); one closed to others is not."""
+    import os
+    import shutil
+    import tempfile
+
+    from attn_course import sandbox
+    from attn_course.cli import main
+
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    monkeypatch.setattr(sandbox, "bwrap_works", lambda: False)
+    (tmp_path / "subs").mkdir()
+    grade = ["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "grading"), "--exercises", "3.5"]
+    top = Path(tempfile.mkdtemp(prefix="installed-"))  # (pytest's own folders are private)
+    try:
+        copy = top / "site" / "attn_tensors"
+        copy.mkdir(parents=True)
+        for p in (top, copy.parent, copy):
+            os.chmod(p, 0o755)
+        monkeypatch.setattr(sandbox, "hidden_course_copies", lambda folders: [str(copy)])
+        assert main(grade) == 0
+        err = capsys.readouterr().err
+        assert f"an installed copy of the course ({copy}) holds the reference library" in err, err
+        os.chmod(copy.parent, 0o700)
+        assert main(grade) == 0
+        assert "installed copy" not in capsys.readouterr().err
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
