@@ -48,6 +48,7 @@ from .archive import Rejected, _archive_bytes
 from .results import ArchiveResult
 from .run_dir import run_dir
 from .sandbox import Limits
+from .server import StartError
 from .text import terminal
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ class ClusterError(RuntimeError):
 
 
 class WorkerRefused(ClusterError):
-    """A worker that cannot grade this batch (another secret, or no bubblewrap for notebooks),
+    """A worker that cannot grade this batch (another secret, no bubblewrap for notebooks, or no
+    worker server starts there),
     raised by each task it is given, with its address: the grader sends the archive elsewhere."""
 
     def __init__(self, message: str, address: str):
@@ -150,8 +152,12 @@ class _WorkerGrader:
         self.grader.prepare()
         try:
             self.grader.start_workers()
-        except BaseException:  # not one server started here (StartError): the task fails, and its archive
-            self.grader.close()  # is retried on the next run; nothing of this grader is kept
+        except StartError as err:  # not one server starts here: another worker grades the archive
+            self.grader.close()
+            raise WorkerRefused(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) could not start "
+                                f"a worker server ({err})", _this_worker()) from None
+        except BaseException:
+            self.grader.close()
             raise
         self.free: list[int] = []
         self.slots = 0

@@ -259,3 +259,16 @@ def test_grading_with_limits_only_warns_of_an_installed_copy_of_the_reference(tm
         assert "installed copy" not in capsys.readouterr().err
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_dask_worker_whose_servers_do_not_start_refuses_its_archives(monkeypatch):
+    """On a cluster such a worker refuses (WorkerRefused, with the reason): the archive goes to
+    another worker, and that worker gets no more of the batch (attn_course.dask_pool)."""
+    from attn_course import dask_pool, grade
+    from attn_course.identity import secret_fingerprint
+
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    monkeypatch.setattr(grade, "confinement", lambda *a, **k: _failing())
+    config = dask_pool.TaskConfig("3.5", Limits(), False, False, None, True, False, secret_fingerprint(SECRET))
+    with pytest.raises(dask_pool.WorkerRefused, match="could not start a worker server .*" + WHY):
+        dask_pool._WorkerGrader(config)
