@@ -131,6 +131,7 @@ WORKER_PACKAGES = ("numpy", "jax", "jaxlib", "ml_dtypes", "opt_einsum", "scipy",
 # the course's own packages: where an installation of them (not an editable one) lies in a
 # folder that bubblewrap binds, an empty folder hides it (the reference library is one of them)
 COURSE_PACKAGES = ("attn_tensors", "attn_course")
+SITE_NAMES = ("site-packages", "dist-packages")  # the folders made for packages, which a worker may see
 
 
 def _within(path: Path, folder: Path) -> bool:
@@ -149,9 +150,12 @@ def worker_site_dirs() -> list[str]:
     ``PYTHONPATH``, and bubblewrap binds only the installation.  Without
     them every server failed to start (``No module named 'numpy'``).  They
     are put back on the server's path (:func:`_server_argv`) and bound
-    read-only.  A folder that holds the course's own folder is never one
-    (a worker would see the reference library): a package only there is
-    not found, and the server says so as it starts.
+    read-only.  Only a folder made for packages is one (``site-packages``,
+    ``dist-packages``): a package in a folder of anything else (a home
+    folder on ``PYTHONPATH``, which may hold the grader's cache, the
+    submissions or the course's folder) is not found, and the server says
+    so as it starts; nor is a folder that holds the course's own folder
+    (a worker would see the reference library).
     """
     import importlib.util
 
@@ -169,7 +173,7 @@ def worker_site_dirs() -> list[str]:
         if not where:
             continue
         site = Path(where[0]).resolve().parent
-        if any(_within(site, folder) for folder in inside) or _within(course, site):
+        if any(_within(site, folder) for folder in inside) or _within(course, site) or site.name not in SITE_NAMES:
             continue
         if str(site) not in found:
             found.append(str(site))

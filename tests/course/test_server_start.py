@@ -175,19 +175,27 @@ def _spec_at(path):
 
 
 def test_a_workers_packages_outside_the_installation_are_put_on_its_path(tmp_path, monkeypatch):
-    """numpy in a user site (or a folder a .pth adds): the server, which runs ``python -I``, gets
-    that folder on its path, and bubblewrap binds it; a folder inside the installation, or one
-    that holds the course's folder, is not added."""
+    """numpy in a user site (or a site folder a .pth adds): the server, which runs ``python -I``,
+    gets that folder on its path, and bubblewrap binds it; a folder inside the installation, one
+    not made for packages (it may hold anything of the grader's) or one that holds the course's
+    folder is not added."""
     import importlib.util
 
     from attn_course import sandbox
 
     user_site = tmp_path / "home" / ".local" / "lib" / "python3.11" / "site-packages"
     (user_site / "numpy").mkdir(parents=True)
+    home = tmp_path / "home"
+    (home / "scipy").mkdir()
     where = {"numpy": _spec_at(user_site / "numpy"),
              "jax": _spec_at(Path(sys.prefix) / "lib" / "jax"),  # inside the installation
-             "scipy": _spec_at(ROOT.parent / "scipy")}  # its folder holds the course's
+             "scipy": _spec_at(home / "scipy"),  # a home folder on PYTHONPATH: not a folder for packages
+             "ml_dtypes": _spec_at(tmp_path / "site-packages" / "ml_dtypes")}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: where.get(name))
+    with monkeypatch.context() as m:  # a site folder that holds the course's folder
+        m.setattr(sandbox, "ROOT", tmp_path / "site-packages" / "course")
+        assert sandbox.worker_site_dirs() == [str(user_site.resolve())]
+    del where["ml_dtypes"]
     assert sandbox.worker_site_dirs() == [str(user_site.resolve())]
     boot = sandbox._server_argv("/opt/attn-course", "/tmp")[3]
     assert f"sys.path.extend({[str(user_site.resolve())]!r})" in boot
