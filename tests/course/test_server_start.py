@@ -280,3 +280,41 @@ def test_a_dask_worker_whose_servers_do_not_start_refuses_its_archives(monkeypat
     config = dask_pool.TaskConfig("3.5", Limits(), False, False, None, True, False, secret_fingerprint(SECRET))
     with pytest.raises(dask_pool.WorkerRefused, match="could not start a worker server .*" + WHY):
         dask_pool._WorkerGrader(config)
+
+
+@pytest.mark.slow
+def test_a_grader_whose_packages_come_through_a_pth_file_grades(tmp_path):
+    """End to end, as it failed: a Python environment that finds NumPy and JAX through a ``.pth``
+    file (``site.addsitedir`` of another ``site-packages``, as a user site or a shared environment
+    does) grades an honest archive in bubblewrap.  Before, every server failed to start (``No
+    module named 'numpy'``) and the student got 0."""
+    import csv
+    import os
+    import site
+    import subprocess
+
+    from attn_course import sandbox
+
+    if not sandbox.bwrap_works():
+        pytest.skip("no working bubblewrap")
+    env_dir = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
+    ours = [p for p in site.getsitepackages() if Path(p).name == "site-packages" and (Path(p) / "numpy").is_dir()]
+    assert ours, site.getsitepackages()
+    (next(env_dir.glob("lib/python3*/site-packages")) / "zz_course.pth").write_text(
+        f"import site; site.addsitedir({ours[0]!r})\n")
+    python = str(env_dir / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import sys, numpy; print(numpy.__file__.startswith(sys.prefix))"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "False", probe  # NumPy is found outside the environment's own folder
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    build_archive(subs / "ada.zip", "ada", library_files(ROOT), token=token_for("ada", SECRET))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(ATTN_COURSE_SECRET=SECRET, PATH=f"{env_dir / 'bin'}:{os.environ['PATH']}")
+    r = subprocess.run([python, "-m", "attn_course.cli", "grade", str(subs), "--out", str(tmp_path / "grading"),
+                        "--exercises", "3.5", "--jobs", "1"], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "grading" / "gradebook.csv")))
+    assert [(row["student_id"], row["total"]) for row in rows] == [("ada", "2")], rows
