@@ -404,14 +404,12 @@ class Grader:
                     result.budget_spent |= spent
             result.sandbox = self._server(slot).sandbox.kind
             return result
-        except StartError as err:  # nothing of the archive ran: the grader's problem, never its score
-            result.error = True
-            result.rejected = f"not graded: {err}; it is retried on the next run"
-            result.scores = {e.id: 0.0 for e in self.exercises}
-            return result
         except Exception as err:  # noqa: BLE001 - one archive never stops the batch
             result.error = True
-            result.rejected = f"the grader failed on this archive ({type(err).__name__}); it is retried on the next run"
+            # (a server that did not start: nothing of the archive ran, the grader's problem, never its score)
+            why = f"not graded: {err}" if isinstance(err, StartError) else \
+                f"the grader failed on this archive ({type(err).__name__})"
+            result.rejected = f"{why}; it is retried on the next run"
             result.scores = {e.id: 0.0 for e in self.exercises}
             return result
         finally:

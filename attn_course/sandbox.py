@@ -134,14 +134,6 @@ COURSE_PACKAGES = ("attn_tensors", "attn_course")
 SITE_NAMES = ("site-packages", "dist-packages")  # the folders made for packages, which a worker may see
 
 
-def _within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def _installation() -> list[Path]:
-    return sorted({Path(p).resolve() for p in (sys.prefix, sys.base_prefix)})
-
-
 def worker_site_dirs() -> list[str]:
     """The folders of this Python's path, outside its installation, that hold a worker's packages.
 
@@ -159,7 +151,7 @@ def worker_site_dirs() -> list[str]:
     """
     import importlib.util
 
-    inside = _installation()
+    inside = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix)}
     course = ROOT.resolve()
     found: list[str] = []
     for name in WORKER_PACKAGES:
@@ -173,7 +165,8 @@ def worker_site_dirs() -> list[str]:
         if not where:
             continue
         site = Path(where[0]).resolve().parent
-        if any(_within(site, folder) for folder in inside) or _within(course, site) or site.name not in SITE_NAMES:
+        if (site.name not in SITE_NAMES or course.is_relative_to(site)
+                or any(site.is_relative_to(folder) for folder in inside)):
             continue
         if str(site) not in found:
             found.append(str(site))
@@ -195,7 +188,7 @@ def hidden_course_copies(folders: list[str]) -> list[str]:
     for site in sorted(sites):
         for name in COURSE_PACKAGES:
             copy = site / name
-            if copy.is_dir() and any(_within(copy.resolve(), Path(f).resolve()) for f in folders):
+            if copy.is_dir() and any(copy.resolve().is_relative_to(Path(f).resolve()) for f in folders):
                 out.append(str(copy))
     return sorted(set(out))
 
@@ -850,9 +843,15 @@ class Bubblewrap:
         return binds
 
     def bwrap_argv(self) -> list[str]:
+        bound = self._binds()
         binds: list[str] = []
-        for source, dest in self._binds():
+        for source, dest in bound:
             binds += ["--ro-bind", source if self.user is None else self.stage.point(source), dest]
+        # an empty read-only folder over each installed copy of the course's packages in what is
+        # bound (the reference library: a job must not read it); the server imports attn_course
+        # from its own copy (COURSE_IN_SANDBOX) and each job's attn_tensors from the job
+        for path in hidden_course_copies([dest for _, dest in bound if not dest.startswith(COURSE_IN_SANDBOX)]):
+            binds += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
         size = str(self.limits.scratch_mb * 2**20)
         # /tmp first: the Python environment or the course may live under /tmp
         # (a CI clone), and a later tmpfs would hide their binds
@@ -863,23 +862,12 @@ class Bubblewrap:
         # and a job that opened /dev/ptmx 3071 times left none to containers or other sandboxes
         argv = [shutil.which("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns",
                 "--die-with-parent", "--as-pid-1", "--new-session", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
-                "--size", size, "--tmpfs", "/tmp", *binds, *self._hide_course_copies(),
-                "--proc", "/proc", "--dev", "/dev",
+                "--size", size, "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
                 "--size", size, "--tmpfs", "/dev/shm", "--size", "4096", "--tmpfs", "/dev/pts",
                 "--remount-ro", "/dev/pts", "--remount-ro", "/dev", "--remount-ro", "/",
                 "--chdir", "/", "--clearenv"]
         for k, v in worker_env("/tmp", self.cache).items():
             argv += ["--setenv", k, v]
-        return argv
-
-    def _hide_course_copies(self) -> list[str]:
-        """An empty read-only folder over each installed copy of the course's packages in what is
-        bound (the reference library: a job must not read it); the server imports attn_course
-        from its own copy (COURSE_IN_SANDBOX) and each job's attn_tensors from the job."""
-        bound = [dest for _, dest in self._binds() if dest != f"{COURSE_IN_SANDBOX}/attn_course"]
-        argv: list[str] = []
-        for path in hidden_course_copies(bound):
-            argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
         return argv
 
     def _launch(self, groups: SlotGroups | None) -> list[str]:

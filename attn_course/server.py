@@ -36,6 +36,7 @@ from enum import Enum
 from . import sandbox as _sandbox
 from .run_dir import run_dir
 from .sandbox import Limits, Sandbox
+from .text import terminal
 from .xla_cache import check_cache_dir
 
 MAX_LINE = 32 * 2**20  # one message (a job's line) at most
@@ -65,8 +66,6 @@ START_LOG_BYTES = 4096  # what is read back of a server's start (its standard er
 
 def _last_line(log) -> str:
     """The last non-empty line of a server's start log (a file), bounded and printable."""
-    from .text import terminal
-
     try:
         size = os.fstat(log.fileno()).st_size
         log.seek(max(0, size - START_LOG_BYTES))
@@ -155,12 +154,11 @@ class WorkerServer:
             if msg is not None or self.proc.poll() is not None:
                 break
             time.sleep(0.01)
-        else:
-            self.kill()
-            raise StartError(f"the worker server did not start within {self.start_timeout_s:g} s")
+        late = time.monotonic() >= deadline
         self.kill()
         reason = _last_line(self._start_log) if self._start_log is not None else ""
-        raise StartError("the worker server did not start", reason)
+        raise StartError("the worker server did not start"
+                         + (f" within {self.start_timeout_s:g} s" if late else ""), reason)
 
     def _close_start_log(self) -> None:
         log, self._start_log = self._start_log, None
