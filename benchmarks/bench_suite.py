@@ -15,7 +15,14 @@ the CPU time of a fixed piece of JAX work, before and after the suite), and
 the suite's wall and CPU time in paces: a rough guide to the hour, not a
 correction (see :func:`_cpu.pace`).
 
-    python benchmarks/bench_suite.py [--workers 2] [--top 12] [--save pytest.log] [--record]
+With ``--load N`` it runs N busy processes beside the suite (a shared
+machine in a bad hour, or a CI runner with neighbours): the time is then not
+judged, only the verdict, and every test that failed is listed.  Issue 14
+asks for no test whose verdict depends on machine load; this is how that is
+checked (3 busy processes on 2 cores make each test process 2.5 times
+slower, and found a Dask test that saw the worker retired by the test before).
+
+    python benchmarks/bench_suite.py [--workers 2] [--top 12] [--save pytest.log] [--record] [--load N]
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ def main() -> int:
     ap.add_argument("--save", type=Path, help="write pytest's own output (every test's duration) here")
     ap.add_argument("--record", action="store_true",
                     help="write each file's time to tests/durations.json (the order the suite hands files out in)")
+    ap.add_argument("--load", type=int, default=0,
+                    help="run this many busy processes beside the suite: only its verdict is judged")
     a = ap.parse_args()
     cmd = [sys.executable, "-m", "pytest", "-n", str(a.workers), "--dist", "loadfile", "-p", "no:nbval",
            "-m", "not book", "-v", "--durations=0"]
@@ -54,6 +63,8 @@ def main() -> int:
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as the Makefile: bytecode caches are written
     before = pace()
+    # started before the meter's group exists: their CPU time is not the suite's
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
     meter = CpuMeter("attn-bench-suite")
     try:
         meter.start()
@@ -63,6 +74,9 @@ def main() -> int:
         cpu = meter.seconds()
     finally:
         meter.close()
+        for p in busy:
+            p.kill()
+            p.wait()
     if a.save:
         a.save.write_text(r.stdout + r.stderr)
     lines = r.stdout.splitlines()
@@ -95,6 +109,11 @@ def main() -> int:
         path = ROOT / "tests" / "durations.json"
         path.write_text(json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n")
         print(f"recorded {len(per_file)} files' times in {path.relative_to(ROOT)}")
+    if a.load:
+        failed = [ln for ln in lines if ln.startswith("FAILED ") or ln.startswith("ERROR ")]
+        print(f"under the load of {a.load} busy processes: {len(failed)} failed" + "".join(f"\n  {ln}" for ln in failed))
+        print("target: not judged under --load (the verdict is what counts)")
+        return r.returncode
     print(f"target: at most {TARGET_S:g} s -> {'met' if wall <= TARGET_S else 'NOT met'} ({wall:.1f} s)")
     return r.returncode
 
