@@ -76,6 +76,33 @@ GRADING_NAMES = frozenset({"results", "feedback", "exports", "similarity", "nbgr
                            "report.md", "histograms.svg", "histograms.png", ".histograms.key"})
 
 
+class Budget:
+    """An archive's time budget: what it runs must end by ``deadline`` (``time.monotonic()``).
+
+    The grader's own work while the archive is graded is not the
+    archive's: a diagnosis (:func:`attn_course.diagnose.explain`) may run the
+    mistakes catalogue, once per exercise for the whole class, on whichever
+    archive first gets that exercise wrong; a slow machine spent that
+    archive's budget on it, and its public cases, or its notebooks, were
+    then "stopped: the archive's time budget was spent".  The time such work
+    takes moves the deadline back by as much.
+    """
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+
+    def not_charged(self, fn):
+        """``fn``, whose time (the grader's own work) moves the deadline back by as much."""
+        def timed(*args, **kwargs):
+            t = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.deadline += time.monotonic() - t
+
+        return timed
+
+
 class OutputFolderError(ValueError):
     """``--out`` names a folder that is not the grader's to write in."""
 
@@ -300,24 +327,26 @@ class Grader:
         result.identity = verdict.value
 
     def _run(self, slot: int, exercises: list[Exercise], files: dict[str, str], stubbed: set[str],
-             deadline: float, notebook: dict | None = None, backend: str = "jax",
+             budget: Budget, notebook: dict | None = None, backend: str = "jax",
              first: bool = False) -> tuple[dict[str, float], dict[str, dict], bool]:
         """Hidden cases of every exercise, then public ones for those that lost points (on ``backend``).
 
+        ``budget``: the archive's (:class:`Budget`), which the diagnoses made here do not spend.
         ``first``: the archive's first job, whose server not starting is the grader's
         problem (:class:`attn_course.server.StartError` is raised, :meth:`grade_one`)."""
         server = self._server(slot)
         exp = self._expected
         from .diagnose import explain
 
+        diagnose = budget.not_charged(explain)
         hidden_res = run_and_grade(server, files, [(e, exp[e.id][2], exp[e.id][3]) for e in exercises],
-                                   True, stubbed, self.limits, deadline, notebook, explain, backend,
+                                   True, stubbed, self.limits, budget.deadline, notebook, diagnose, backend,
                                    start_errors=first)
         failing = [e for e in exercises
                    if not all(c.passed for c in hidden_res[e.id])
                    and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
         public_res = run_and_grade(server, files, [(e, exp[e.id][0], exp[e.id][1]) for e in failing],
-                                   False, stubbed, self.limits, deadline, notebook, explain,
+                                   False, stubbed, self.limits, budget.deadline, notebook, diagnose,
                                    backend) if failing else {}
         scores, feedback, spent = {}, {}, False
         for e in exercises:
@@ -330,7 +359,7 @@ class Grader:
                                          "message": c.message, "hidden": c.hidden} for c in r.cases]}
         return scores, feedback, spent
 
-    def _library(self, slot: int, files: dict[str, str], deadline: float) -> tuple[dict, dict, bool]:
+    def _library(self, slot: int, files: dict[str, str], budget: Budget) -> tuple[dict, dict, bool]:
         """Scores, feedback and budget verdict of a package's library, on every backend of the grader.
 
         A package that is the stub release itself (an archive that changes
@@ -341,11 +370,11 @@ class Grader:
         if untouched and self._untouched is not None:
             return copy.deepcopy(self._untouched)
         stubbed = stubbed_exercises(files)
-        scores, feedback, spent = self._run(slot, self.exercises, files, stubbed, deadline,
+        scores, feedback, spent = self._run(slot, self.exercises, files, stubbed, budget,
                                             backend=self.backends[0], first=True)
         for other in self.backends[1:]:  # for information: its own budget, never the score
             s, fb, other_spent = self._run(slot, self.exercises, files, stubbed,
-                                           time.monotonic() + self.limits.per_archive_s, backend=other)
+                                           Budget(time.monotonic() + self.limits.per_archive_s), backend=other)
             for ex_id, verdict in fb.items():
                 feedback[ex_id].setdefault("other", {})[other] = {
                     "status": verdict["status"], "score": s[ex_id],
@@ -383,16 +412,16 @@ class Grader:
             if result.identity != "ok":
                 result.rejected = f"identity: {result.identity}"
                 return result
-            deadline = t0 + self.limits.per_archive_s
+            budget = Budget(t0 + self.limits.per_archive_s)
             files = overlay(sub, self.release)
             result.backend = self.backend
-            result.scores, result.feedback, result.budget_spent = self._library(slot, files, deadline)
+            result.scores, result.feedback, result.budget_spent = self._library(slot, files, budget)
             if self.notebooks:
                 from .nbgrader_bridge import notebook_jobs
 
                 for ch, cells, problems in notebook_jobs(sub, self.exercises):
                     chosen = [e for e in self.exercises if e.chapter == ch]
-                    s, fb, spent = self._run(slot, chosen, files, set(), deadline, notebook=cells,
+                    s, fb, spent = self._run(slot, chosen, files, set(), budget, notebook=cells,
                                              backend=self.backends[0])
                     for ex_id, why in problems.items():
                         s[ex_id] = 0.0
