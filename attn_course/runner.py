@@ -161,6 +161,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             verdict = Outcome.failure("crashed", f"the worker could not start ({err})")
             gone = True
         first = False
+        # the job's clock starts as the server takes it: what submit waited for (a start, the warm-up
+        # after the previous job) was the grader's time (WorkerServer.ready_for_job)
+        started = look = time.monotonic()
         while verdict is None and done is None:
             try:
                 msgs = server.poll()

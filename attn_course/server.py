@@ -13,7 +13,8 @@ stdin and stdout only (no shared folder):
   each line the job wrote to its results channel (LINE is the job's text,
   carried as a JSON string: it cannot forge a message of the server), and
   ``{"done": status, "tail": LAST_OUTPUT_LINE, "clean": bool}`` when the job
-  is gone (``clean``: the sandbox is clean again; if not, the server ends).
+  is gone (``clean``: the sandbox is clean again; if not, the server ends), then, once it has
+  warmed up for the jobs to come, ``{"ready": true}`` again (:meth:`WorkerServer.ready_for_job`).
 
 Anything else (a line that is not JSON, a message of another shape, too much
 data) means the server is broken: it is killed, and the next job starts a
@@ -41,6 +42,7 @@ from .xla_cache import check_cache_dir
 
 MAX_LINE = 32 * 2**20  # one message (a job's line) at most
 STOP_WAIT_S = 2.0  # how long a server has to end a stopped job and answer (stop_job)
+WARM_WAIT_S = 660.0  # how long a server may warm up after a job (its own wait on its template is 600 s)
 
 
 class ServerError(RuntimeError):
@@ -116,6 +118,9 @@ class WorkerServer:
         self.warm = False
         self._lock = threading.Lock()
         self._start_log = None  # the server's standard error: what its start wrote (see launch)
+        # a job ended (its Done was read) and the server has not yet said it is ready for the next:
+        # after a job it warms up (minutes at most), then says so (see :meth:`submit`)
+        self._after_job = False
 
     # -- life ---------------------------------------------------------------------
     def start(self) -> None:
@@ -141,6 +146,7 @@ class WorkerServer:
         if self.starts:
             self.warm = False  # a new server after one that was killed: its user decides again
         self.starts += 1
+        self._after_job = False
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf, self._eof = b"", False
 
@@ -176,6 +182,7 @@ class WorkerServer:
         """Stop the server and everything in its sandbox; the next job starts a new one."""
         with self._lock:
             proc, self.proc = self.proc, None
+        self._after_job = False
         if proc is not None:
             for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
                 try:
@@ -202,7 +209,9 @@ class WorkerServer:
 
     # -- jobs -----------------------------------------------------------------------
     def submit(self, job: dict) -> None:
-        self.ensure()
+        """Send ``job`` to a server ready for it: started if need be, and back from the warm-up
+        that follows the previous job (:meth:`ready_for_job`)."""
+        self.ready_for_job()
         if not self.warm:
             job = {**job, "warm": False}
         try:
@@ -211,6 +220,30 @@ class WorkerServer:
         except (BrokenPipeError, OSError) as err:
             self.kill()
             raise ServerError(f"the worker server is gone ({err})") from None
+
+    def ready_for_job(self, timeout_s: float = WARM_WAIT_S) -> None:
+        """Return once the server can take a job at once: started (:meth:`ensure`), and, after a
+        job, back from the warm-up it does before it reads the next (``{"ready": true}``).
+
+        A runner starts a job's clock only after this (:func:`attn_course.runner.run_worker`): a
+        warm-up traces the class's shapes, seconds for a whole course and more on a busy
+        machine, and that is the grader's time, not the next archive's.  A server that says
+        anything else, ends, or is not back within ``timeout_s`` is replaced by a new one.
+        """
+        self.ensure()
+        if not self._after_job:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = self._message()
+            if msg == "ready":
+                self._after_job = False
+                return
+            if msg is not None or time.monotonic() > deadline or (self._eof and not self._pending()):
+                break  # out of protocol (a line or an end after the job's Done), or lost in its warm-up
+            self.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        self.kill()
+        self.ensure()
 
     def stop_job(self, late: list[str] | None = None, timeout_s: float = STOP_WAIT_S) -> Stopped:
         """End the running job (it reached a limit), and keep the server if it can be kept.
@@ -264,6 +297,7 @@ class WorkerServer:
                 raise ServerError("the worker server spoke out of protocol")
             out.append(msg)
             if isinstance(msg, Done):
+                self._after_job = True  # the server says when it is ready again (ready_for_job)
                 break
         if not out and self.proc is not None and self.proc.poll() is not None and not self._pending():
             self.kill()

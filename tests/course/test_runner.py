@@ -310,3 +310,73 @@ def test_a_job_at_its_memory_limit_is_stopped_and_blames_its_exercise(how):
     assert [o.status for o in raw["3.2"]] == ["crashed"]
     assert "more than 512 MB of memory (memory limit)" in raw["3.2"][0].message
     assert [o.status for o in raw["3.1"]] == [o.status for o in raw["3.3"]] == ["ok"] * len(raw["3.3"])
+
+
+WARM_UP_S = 6.0  # the fake server's warm-up after a job: longer than an exercise's limit and its grace
+
+
+class _Warming(_Command):
+    """A fake server that answers each job at once (ZERO for every case), then warms up for
+    WARM_UP_S before it says it is ready for the next, as a real server does after a job."""
+
+    def __init__(self, after_job: str = f"time.sleep({WARM_UP_S})"):
+        super().__init__(
+            "import json, sys, time\n"
+            "ZERO = " + repr(ZERO) + "\n"
+            "def say(obj):\n"
+            "    sys.stdout.write(json.dumps(obj) + '\\n'); sys.stdout.flush()\n"
+            "say({'ready': True})\n"
+            "for line in sys.stdin:\n"
+            "    for ex in json.loads(line)['exercises']:\n"
+            "        say({'out': json.dumps({'start': ex['id']})})\n"
+            "        say({'out': json.dumps({'id': ex['id'], 'results': [ZERO] * len(ex['cases'])})})\n"
+            "    say({'done': 0, 'tail': '', 'clean': True})\n"
+            f"    {after_job}\n"
+            "    say({'ready': True})\n")
+
+    def processes_refused(self):
+        return 0
+
+    def memory_kills(self):
+        return 0
+
+
+def test_the_warm_up_after_a_job_is_not_on_the_next_jobs_clock():
+    """A server warms up after each job before it reads the next (the class's shapes: seconds for
+    a whole course, more on a busy machine); the next archive's job, sent meanwhile, waited for
+    it with its first exercise's clock running, and could time out on the grader's own work.
+    Its clock now starts when the server is ready: with a warm-up longer than the limit and its
+    grace, both jobs finish, neither is timed out, and the server is the same."""
+    from attn_course.runner import FIRST_EXERCISE_GRACE_S
+    from attn_course.server import WorkerServer
+
+    limits = Limits(per_exercise_s=2)
+    assert WARM_UP_S > limits.per_exercise_s + FIRST_EXERCISE_GRACE_S
+    server = WorkerServer(_Warming())
+    try:
+        server.start()
+        for archive in range(2):
+            t = time.monotonic()
+            raw = run_worker(server, {}, _items("3.1"), limits)
+            assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"]), (archive, raw["3.1"])
+        assert time.monotonic() - t >= WARM_UP_S  # the second job did wait for the warm-up
+        assert server.starts == 1
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("after_job", ["sys.exit(0)", "say({'out': 'x'})", "print('not json', flush=True)"])
+def test_a_server_that_does_not_come_back_from_its_warm_up_is_replaced(after_job):
+    """Ends, or says anything but that it is ready, after a job: the next job runs on a new
+    server (the grader's problem, not the next archive's), with its results."""
+    from attn_course.server import WorkerServer
+
+    server = WorkerServer(_Warming(after_job))
+    try:
+        server.start()
+        for _ in range(2):
+            raw = run_worker(server, {}, _items("3.1"), Limits(per_exercise_s=20))
+            assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"]), raw["3.1"]
+        assert server.starts == 2
+    finally:
+        server.close()
