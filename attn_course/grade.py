@@ -60,7 +60,7 @@ from . import RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
 from .identity import secret_fingerprint
 from .registry import Exercise, secret, select
-from .runner import fill_worker_cache, package_files, reference_results, run_and_grade, run_worker
+from .runner import Budget, fill_worker_cache, package_files, reference_results, run_and_grade, run_worker
 from .sandbox import GRADING_LIMITS, Limits, confinement
 from .scoring import ExerciseResult, Status, stubbed_exercises
 from .server import StartError, WorkerServer
@@ -74,33 +74,6 @@ BACKEND_CHOICES = ("jax", "mlx", "both")
 # what a grading folder holds: the grader's files (report, similarity, nbgrader's part) and nothing else
 GRADING_NAMES = frozenset({"results", "feedback", "exports", "similarity", "nbgrader", "gradebook.csv", "grades.csv",
                            "report.md", "histograms.svg", "histograms.png", ".histograms.key"})
-
-
-class Budget:
-    """An archive's time budget: what it runs must end by ``deadline`` (``time.monotonic()``).
-
-    The grader's own work while the archive is graded is not the
-    archive's: a diagnosis (:func:`attn_course.diagnose.explain`) may run the
-    mistakes catalogue, once per exercise for the whole class, on whichever
-    archive first gets that exercise wrong; a slow machine spent that
-    archive's budget on it, and its public cases, or its notebooks, were
-    then "stopped: the archive's time budget was spent".  The time such work
-    takes moves the deadline back by as much.
-    """
-
-    def __init__(self, deadline: float):
-        self.deadline = deadline
-
-    def not_charged(self, fn):
-        """``fn``, whose time (the grader's own work) moves the deadline back by as much."""
-        def timed(*args, **kwargs):
-            t = time.monotonic()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.deadline += time.monotonic() - t
-
-        return timed
 
 
 class OutputFolderError(ValueError):
@@ -340,13 +313,13 @@ class Grader:
 
         diagnose = budget.not_charged(explain)
         hidden_res = run_and_grade(server, files, [(e, exp[e.id][2], exp[e.id][3]) for e in exercises],
-                                   True, stubbed, self.limits, budget.deadline, notebook, diagnose, backend,
+                                   True, stubbed, self.limits, budget, notebook, diagnose, backend,
                                    start_errors=first)
         failing = [e for e in exercises
                    if not all(c.passed for c in hidden_res[e.id])
                    and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
         public_res = run_and_grade(server, files, [(e, exp[e.id][0], exp[e.id][1]) for e in failing],
-                                   False, stubbed, self.limits, budget.deadline, notebook, diagnose,
+                                   False, stubbed, self.limits, budget, notebook, diagnose,
                                    backend) if failing else {}
         scores, feedback, spent = {}, {}, False
         for e in exercises:

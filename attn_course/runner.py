@@ -97,15 +97,44 @@ def describe_exit(rc: int | None) -> str:
     return f"the worker exited early with status {rc}"
 
 
+class Budget:
+    """An archive's time budget: what it runs must end by ``deadline`` (``time.monotonic()``).
+
+    The grader's own work while the archive is graded is not the
+    archive's: a diagnosis (:func:`attn_course.diagnose.explain`) may run the
+    mistakes catalogue, once per exercise for the whole class, on whichever
+    archive first gets that exercise wrong; a slow machine spent that
+    archive's budget on it, and its public cases, or its notebooks, were
+    then "stopped: the archive's time budget was spent".  Nor is a worker
+    server's start, or its warm-up after the previous job (what
+    :meth:`attn_course.server.WorkerServer.submit` waits for).  The time
+    such work takes moves the deadline back by as much.
+    """
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+
+    def not_charged(self, fn):
+        """``fn``, whose time (the grader's own work) moves the deadline back by as much."""
+        def timed(*args, **kwargs):
+            t = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.deadline += time.monotonic() - t
+
+        return timed
+
+
 def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Exercise, list[Case]]],
-               limits: Limits, deadline: float | None = None,
+               limits: Limits, budget: Budget | None = None,
                notebook: dict | None = None, backend: str = "jax",
                on_result: Callable[[str, list[Outcome]], None] | None = None,
                programs: Programs = Programs.JOB, start_errors: bool = False) -> dict[str, list[Outcome]]:
     """Each exercise's outcomes (one per case, or one for all when it failed as a whole).
 
-    ``deadline`` (``time.monotonic()``) is the archive's budget: what has not
-    run by then is reported as ``budget``.  ``notebook`` (see
+    ``budget`` (:class:`Budget`) is the archive's: what has not run by its
+    deadline is reported as ``budget``.  ``notebook`` (see
     :func:`attn_course.worker.run_job`): the functions are a notebook's
     answer cells, run over ``files``, instead of the package's own.
     ``backend``: the framework the worker runs the cases on, "jax" or "mlx".
@@ -131,7 +160,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     while remaining:
         batch = remaining[:1] if alone else remaining
         todo = {ex.id: len(cases) for ex, cases in batch}
-        if deadline is not None and time.monotonic() >= deadline:
+        if budget is not None and time.monotonic() >= budget.deadline:
             for ex, _ in remaining:
                 raw[ex.id] = [Outcome.failure("budget", "not run: the archive's time budget was spent")]
             break
@@ -154,7 +183,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         gone = False  # the server could not take the job, died in it, or lost or delayed its last lines
         look = started
         try:
-            server.submit(job)
+            (budget.not_charged(server.submit) if budget is not None else server.submit)(job)
         except ServerError as err:
             if first and isinstance(err, StartError):  # nothing has run: not the submission's doing
                 raise
@@ -207,10 +236,10 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                     break
             if now - started > limits.per_exercise_s + grace:
                 verdict = Outcome.failure("timeout", f"stopped after {limits.per_exercise_s:g} s (time limit)")
-            elif deadline is not None and now >= deadline:
+            elif budget is not None and now >= budget.deadline:
                 verdict = Outcome.failure("budget", "stopped: the archive's time budget was spent")
             else:  # until the worker writes, the next look at the process limit, or a limit's end
-                until = min(look, started + limits.per_exercise_s + grace, deadline if deadline is not None else look)
+                until = min(look, started + limits.per_exercise_s + grace, budget.deadline if budget is not None else look)
                 server.wait(min(max(until - now, 0.0), 0.1) + 0.001)
         if (gone or (done is not None and done.status != 0)) and server.sandbox.memory_kills() > killed:
             # the kernel killed the job, or its server, at the memory limit before a look saw it
@@ -274,14 +303,14 @@ class _Reported(dict):
 
 def run_and_grade(server: WorkerServer, files: dict[str, str],
                   items: list[tuple[Exercise, list[Case], list[Outcome]]], hidden: bool, stubbed: set[str],
-                  limits: Limits, deadline: float | None = None,
+                  limits: Limits, budget: Budget | None = None,
                   notebook: dict | None = None, diagnose=None, backend: str = "jax",
                   start_errors: bool = False) -> dict[str, list[CaseResult]]:
     """Run (exercise, cases, expected outcomes) in the worker and score each case: the one path
     of ``check``, ``grade`` and the notebooks' grading.  ``backend``: "jax" or "mlx" (the
     expected outcomes are the same, the tolerances :func:`attn_course.scoring.tolerance`'s).
     ``start_errors``: see :func:`run_worker`."""
-    raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, deadline, notebook, backend,
+    raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, budget, notebook, backend,
                      start_errors=start_errors)
     return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed, diagnose, backend)
             for e, cases, expected in items}

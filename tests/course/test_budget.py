@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from attn_course import ROOT, runner
-from attn_course.grade import Budget, Grader
-from attn_course.runner import package_files
+from attn_course.grade import Grader
+from attn_course.runner import Budget, package_files
 from attn_course.scoring import Outcome
 
 SLEEP_S = 0.3
@@ -55,10 +55,10 @@ def test_the_public_cases_run_with_the_time_the_diagnoses_took_given_back(monkey
             return outcome
         return Outcome("ok", {k: 3 * np.asarray(v) for k, v in outcome.value.items()})
 
-    def worker(server, files, items, limits, deadline, *args, **kwargs):
+    def worker(server, files, items, limits, budget, *args, **kwargs):
         ((ex, cases),) = items
         kind = "hidden" if cases is hidden else "public"
-        runs.append((kind, deadline))
+        runs.append((kind, budget.deadline))
         expected = hidden_expected if kind == "hidden" else public_expected
         return {ex.id: [wrong(o) for o in expected]}
 

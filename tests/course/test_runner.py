@@ -380,3 +380,21 @@ def test_a_server_that_does_not_come_back_from_its_warm_up_is_replaced(after_job
         assert server.starts == 2
     finally:
         server.close()
+
+
+def test_the_warm_up_after_a_job_is_not_on_the_archives_budget():
+    """Nor on the archive's budget (the same wait, before the archive's own job is sent): with a
+    budget shorter than the warm-up, the second archive's exercise still runs."""
+    from attn_course.runner import Budget
+    from attn_course.server import WorkerServer
+
+    server = WorkerServer(_Warming())
+    try:
+        server.start()
+        for archive in range(2):
+            budget = Budget(time.monotonic() + WARM_UP_S / 2)
+            raw = run_worker(server, {}, _items("3.1"), Limits(per_exercise_s=20), budget)
+            assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"]), (archive, raw["3.1"])
+        assert budget.deadline >= time.monotonic() - 1  # moved back by the wait
+    finally:
+        server.close()
