@@ -24,8 +24,9 @@ from .sandbox import Limits
 from .scoring import CaseResult, Outcome, grade
 from .server import Done, ServerError, StartError, Stopped, WorkerServer
 
-START_GRACE_S = 20.0  # a job on a new server also pays for starting Python and importing JAX
-FIRST_EXERCISE_GRACE_S = 3.0  # the first exercise of a job also starts JAX's backend
+# the first exercise of a job also starts JAX's backend (a server's own start, and its warm-up after a
+# job, are before the job's clock: WorkerServer.ready_for_job)
+FIRST_EXERCISE_GRACE_S = 3.0
 
 
 def package_files(package: Path) -> dict[str, str]:
@@ -176,7 +177,6 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             job["programs"] = programs.value
         current, started, verdict, done, received = None, time.monotonic(), None, None, 0
         seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
-        starts = server.starts
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
         killed = server.sandbox.memory_kills()  # and the memory limit's
         stopped = False  # the runner stopped the job at its process or memory limit, in its current exercise
@@ -223,7 +223,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             now = time.monotonic()
             grace = 0.0
             if current is None or current == remaining[0][0].id or current == COMPILING:
-                grace = START_GRACE_S if server.starts != starts else FIRST_EXERCISE_GRACE_S
+                grace = FIRST_EXERCISE_GRACE_S
             if now >= look:  # a fork bomb is stopped at once, not when its time is up
                 look = now + 0.1
                 if server.sandbox.processes_refused() > refused:

@@ -152,8 +152,8 @@ def test_the_time_limit_is_grading_s(ws, monkeypatch, capsys):
     """An infinite loop is stopped at grading's per-exercise limit, and check says so;
     the stopped job does not run on after its server is killed (check has no pid namespace).
 
-    The loop is in the chapter's second exercise: the first exercise of a job on a
-    new server also gets the server's start-up grace (runner.START_GRACE_S)."""
+    The loop is in the chapter's second exercise: the first exercise of a job also gets
+    the grace for starting JAX's backend (runner.FIRST_EXERCISE_GRACE_S)."""
     from attn_course import sandbox
 
     assert sandbox.GRADING_LIMITS.per_exercise_s <= 60

@@ -156,7 +156,6 @@ def test_a_server_that_does_not_answer_a_stop_leaves_the_blame_open(monkeypatch)
     from attn_course import runner
 
     monkeypatch.setattr(runner, "FIRST_EXERCISE_GRACE_S", 0.0)
-    monkeypatch.setattr(runner, "START_GRACE_S", 0.0)
     server = Scripted([
         [("start", "3.1"), "hang"],
         [("start", "3.1"), ("result", "3.1"), "done"],
