@@ -108,12 +108,16 @@ class Budget:
     archive's budget on it, and its public cases, or its notebooks, were
     then "stopped: the archive's time budget was spent".  Nor is a worker
     server's start, or its warm-up after the previous job (what
-    :meth:`attn_course.server.WorkerServer.submit` waits for).  The time
-    such work takes moves the deadline back by as much.
+    :meth:`attn_course.server.WorkerServer.submit` waits for), unless the
+    archive's own job ended the server before (``lost_server``): a new one
+    for it is then the archive's cost, so that crashing its server at every
+    exercise buys a submission no time.  The time such work takes moves the
+    deadline back by as much.
     """
 
     def __init__(self, deadline: float):
         self.deadline = deadline
+        self.lost_server = False  # a job of this archive ended its server (killed, or it died)
 
     def not_charged(self, fn):
         """``fn``, whose time (the grader's own work) moves the deadline back by as much."""
@@ -182,8 +186,11 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         stopped = False  # the runner stopped the job at its process or memory limit, in its current exercise
         gone = False  # the server could not take the job, died in it, or lost or delayed its last lines
         look = started
+        submit = server.submit
+        if budget is not None and (server.running() or not budget.lost_server):
+            submit = budget.not_charged(submit)  # (a new server after its own job ended the last: its cost)
         try:
-            (budget.not_charged(server.submit) if budget is not None else server.submit)(job)
+            submit(job)
         except ServerError as err:
             if first and isinstance(err, StartError):  # nothing has run: not the submission's doing
                 raise
@@ -256,6 +263,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             gone = gone or any(_parse(text, unreported) is not None for text in late)
         elif verdict is not None or (done is not None and not done.clean):
             server.kill()  # a new, pristine server for what follows
+        if budget is not None and not server.running():
+            budget.lost_server = True
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
         if not left:
             break

@@ -171,10 +171,15 @@ class WorkerServer:
         if log is not None:
             log.close()
 
+    def running(self) -> bool:
+        """Whether the server's process is there (if not, the next job starts a new one)."""
+        proc = self.proc
+        return proc is not None and proc.poll() is None
+
     def ensure(self) -> None:
         if self.closed:
             raise ServerError("the grader is stopping")
-        if self.proc is None or self.proc.poll() is not None:
+        if not self.running():
             self.kill()
             self.start()
 

@@ -397,3 +397,64 @@ def test_the_warm_up_after_a_job_is_not_on_the_archives_budget():
         assert budget.deadline >= time.monotonic() - 1  # moved back by the wait
     finally:
         server.close()
+
+
+START_S = 1.5  # the fake server's start, after its first
+
+
+class _Crashing(_Command):
+    """A fake server that dies in 3.1 and answers the rest at once; every start after its first
+    takes START_S (the marker file says whether it started before)."""
+
+    def __init__(self, marker):
+        super().__init__(
+            "import json, os, sys, time\n"
+            "ZERO = " + repr(ZERO) + "\n"
+            f"marker = {str(marker)!r}\n"
+            f"if os.path.exists(marker): time.sleep({START_S})\n"
+            "open(marker, 'a').close()\n"
+            "def say(obj):\n"
+            "    sys.stdout.write(json.dumps(obj) + '\\n'); sys.stdout.flush()\n"
+            "say({'ready': True})\n"
+            "for line in sys.stdin:\n"
+            "    for ex in json.loads(line)['exercises']:\n"
+            "        say({'out': json.dumps({'start': ex['id']})})\n"
+            "        if ex['id'] == '3.1':\n"
+            "            os._exit(1)\n"
+            "        say({'out': json.dumps({'id': ex['id'], 'results': [ZERO] * len(ex['cases'])})})\n"
+            "    say({'done': 0, 'tail': '', 'clean': True})\n"
+            "    say({'ready': True})\n")
+
+    def processes_refused(self):
+        return 0
+
+    def memory_kills(self):
+        return 0
+
+
+def test_a_new_server_is_the_archives_cost_only_after_its_own_job_ended_the_last(tmp_path):
+    """An archive whose job killed its server pays for the next start in its own later jobs
+    (crashing the server at every exercise buys no time); the next archive, which found the
+    server gone, does not."""
+    from attn_course.runner import Budget
+    from attn_course.server import WorkerServer
+
+    server = WorkerServer(_Crashing(tmp_path / "started"))
+    try:
+        server.start()
+        mine = Budget(time.monotonic() + 100.0)
+        before = mine.deadline
+        raw = run_worker(server, {}, _items("3.2", "3.1"), Limits(per_exercise_s=20), mine)
+        assert [o.status for o in raw["3.1"]] == ["crashed"] and raw["3.2"][0].status == "ok"
+        assert mine.lost_server and not server.running()
+        raw = run_worker(server, {}, _items("3.2"), Limits(per_exercise_s=20), mine)  # its public cases
+        assert raw["3.2"][0].status == "ok" and server.starts == 2
+        assert mine.deadline - before < START_S / 2  # the new server's start was charged to it
+        server.kill()  # as a crash of the archive before would leave it
+        theirs = Budget(time.monotonic() + 100.0)
+        before = theirs.deadline
+        raw = run_worker(server, {}, _items("3.2"), Limits(per_exercise_s=20), theirs)
+        assert raw["3.2"][0].status == "ok" and server.starts == 3 and not theirs.lost_server
+        assert theirs.deadline - before >= START_S  # not charged to the next archive
+    finally:
+        server.close()
