@@ -311,7 +311,7 @@ def test_a_job_at_its_memory_limit_is_stopped_and_blames_its_exercise(how):
     assert [o.status for o in raw["3.1"]] == [o.status for o in raw["3.3"]] == ["ok"] * len(raw["3.3"])
 
 
-WARM_UP_S = 6.0  # the fake server's warm-up after a job: longer than an exercise's limit and its grace
+WARM_UP_S = 4.0  # the fake server's warm-up after a job: longer than an exercise's limit and its grace
 
 
 class _Warming(_Command):
@@ -349,7 +349,7 @@ def test_the_warm_up_after_a_job_is_not_on_the_next_jobs_clock():
     from attn_course.runner import FIRST_EXERCISE_GRACE_S
     from attn_course.server import WorkerServer
 
-    limits = Limits(per_exercise_s=2)
+    limits = Limits(per_exercise_s=0.5)
     assert WARM_UP_S > limits.per_exercise_s + FIRST_EXERCISE_GRACE_S
     server = WorkerServer(_Warming())
     try:
