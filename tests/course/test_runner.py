@@ -316,11 +316,14 @@ WARM_UP_S = 4.0  # the fake server's warm-up after a job: longer than an exercis
 
 class _Warming(_Command):
     """A fake server that answers each job at once (ZERO for every case), then warms up for
-    WARM_UP_S before it says it is ready for the next, as a real server does after a job."""
+    WARM_UP_S before it says it is ready for the next, as a real server does after a job.
+    ``start``: code run before it says it is ready the first time; ``dies_in``: the exercise
+    whose start it dies at."""
 
-    def __init__(self, after_job: str = f"time.sleep({WARM_UP_S})"):
+    def __init__(self, after_job: str = f"time.sleep({WARM_UP_S})", start: str = "", dies_in: str = ""):
         super().__init__(
-            "import json, sys, time\n"
+            "import json, os, sys, time\n"
+            + start +
             "ZERO = " + repr(ZERO) + "\n"
             "def say(obj):\n"
             "    sys.stdout.write(json.dumps(obj) + '\\n'); sys.stdout.flush()\n"
@@ -328,6 +331,8 @@ class _Warming(_Command):
             "for line in sys.stdin:\n"
             "    for ex in json.loads(line)['exercises']:\n"
             "        say({'out': json.dumps({'start': ex['id']})})\n"
+            f"        if ex['id'] == {dies_in!r}:\n"
+            "            os._exit(1)\n"
             "        say({'out': json.dumps({'id': ex['id'], 'results': [ZERO] * len(ex['cases'])})})\n"
             "    say({'done': 0, 'tail': '', 'clean': True})\n"
             f"    {after_job}\n"
@@ -402,34 +407,13 @@ def test_the_warm_up_after_a_job_is_not_on_the_archives_budget():
 START_S = 1.5  # the fake server's start, after its first
 
 
-class _Crashing(_Command):
+def _crashing(marker) -> _Warming:
     """A fake server that dies in 3.1 and answers the rest at once; every start after its first
     takes START_S (the marker file says whether it started before)."""
-
-    def __init__(self, marker):
-        super().__init__(
-            "import json, os, sys, time\n"
-            "ZERO = " + repr(ZERO) + "\n"
-            f"marker = {str(marker)!r}\n"
-            f"if os.path.exists(marker): time.sleep({START_S})\n"
-            "open(marker, 'a').close()\n"
-            "def say(obj):\n"
-            "    sys.stdout.write(json.dumps(obj) + '\\n'); sys.stdout.flush()\n"
-            "say({'ready': True})\n"
-            "for line in sys.stdin:\n"
-            "    for ex in json.loads(line)['exercises']:\n"
-            "        say({'out': json.dumps({'start': ex['id']})})\n"
-            "        if ex['id'] == '3.1':\n"
-            "            os._exit(1)\n"
-            "        say({'out': json.dumps({'id': ex['id'], 'results': [ZERO] * len(ex['cases'])})})\n"
-            "    say({'done': 0, 'tail': '', 'clean': True})\n"
-            "    say({'ready': True})\n")
-
-    def processes_refused(self):
-        return 0
-
-    def memory_kills(self):
-        return 0
+    return _Warming("pass", dies_in="3.1",
+                    start=(f"marker = {str(marker)!r}\n"
+                           f"if os.path.exists(marker): time.sleep({START_S})\n"
+                           "open(marker, 'a').close()\n"))
 
 
 def test_a_new_server_is_the_archives_cost_only_after_its_own_job_ended_the_last(tmp_path):
@@ -439,7 +423,7 @@ def test_a_new_server_is_the_archives_cost_only_after_its_own_job_ended_the_last
     from attn_course.runner import Budget
     from attn_course.server import WorkerServer
 
-    server = WorkerServer(_Crashing(tmp_path / "started"))
+    server = WorkerServer(_crashing(tmp_path / "started"))
     try:
         server.start()
         mine = Budget(time.monotonic() + 100.0)
