@@ -179,13 +179,12 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             job["backend"] = backend
         if programs is not Programs.JOB:
             job["programs"] = programs.value
-        current, started, verdict, done, received = None, time.monotonic(), None, None, 0
+        current, verdict, done, received = None, None, None, 0
         seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
         killed = server.sandbox.memory_kills()  # and the memory limit's
         stopped = False  # the runner stopped the job at its process or memory limit, in its current exercise
         gone = False  # the server could not take the job, died in it, or lost or delayed its last lines
-        look = started
         submit = server.submit
         if budget is not None and (server.running() or not budget.lost_server):
             submit = budget.not_charged(submit)  # (a new server after its own job ended the last: its cost)
@@ -263,8 +262,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             gone = gone or any(_parse(text, unreported) is not None for text in late)
         elif verdict is not None or (done is not None and not done.clean):
             server.kill()  # a new, pristine server for what follows
-        if budget is not None and not server.running():
-            budget.lost_server = True
+        if budget is not None and server.proc is None:  # this job ended its server (killed here, or it died)
+            budget.lost_server = True  # (not a server that ends by itself after the job: its warm-up failed)
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
         if not left:
             break
