@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import values
-from .diagnose import Known, explain
+from .diagnose import Diagnosis, Known, explain
 from .registry import CHAPTERS, Case, Exercise, all_exercises
 from .runner import Programs, package_files, run_worker
 from . import sandbox
@@ -56,12 +56,12 @@ class PublicCases:
     wrong: list[dict] = field(default_factory=list)
     """Per case, the entries' outputs on it by key (only those that differ from the answer)."""
 
-    def diagnose(self) -> Callable[[Exercise, Case, dict, dict], str]:
+    def diagnose(self) -> Callable[[Exercise, Case, dict, dict], Diagnosis | None]:
         """The scoring's ``diagnose`` callback: names a catalogued mistake from the shipped data
         (never importing the catalogue), else a generic symptom."""
         by_case = {id(c): w for c, w in zip(self.cases, self.wrong)}
 
-        def why(ex: Exercise, case: Case, got: dict, expected: dict) -> str:
+        def why(ex: Exercise, case: Case, got: dict, expected: dict) -> Diagnosis | None:
             return explain(ex, case, got, expected, wrong=by_case.get(id(case), {}), entries=self.mistakes)
 
         return why

@@ -1,11 +1,14 @@
 """Class statistics for the report: totals, and how often each catalogued mistake occurred.
 
 The grader already diagnoses every wrong case against the catalogue of
-mistakes (:mod:`attn_course.diagnose`, :mod:`attn_course.mistakes`): the
-catalogue entry's fixed text, ``message (see section)``, ends the case's
-feedback line.  Here a student's exercise counts once for an entry when a
-case of status ``wrong`` carries that exact text (the catalogue's own words:
-an answer's values cannot spell them; a raised exception is another status).
+mistakes (:mod:`attn_course.diagnose`, :mod:`attn_course.mistakes`), and
+records the key of the entry an answer reproduces in the case's result
+(``"mistake"``, written by the grader, :attr:`attn_course.scoring.CaseResult.mistake`).
+Here a student's exercise counts once for an entry when a case of status
+``wrong`` carries its key.  The key, never the feedback's words: a case whose
+reference raises shows the student's own exception message in its line, which
+may quote the catalogue's text.  Results written before the key existed count
+no mistakes.
 """
 
 from __future__ import annotations
@@ -49,18 +52,14 @@ def mistake_counts(best: dict[str, ArchiveResult], exercises: list[Exercise]) ->
     from .mistakes import for_exercise
 
     counts: Counter = Counter()
-    entries = {}
-    for e in exercises:
-        for m in for_exercise(e.id):
-            entries[(e.id, m.key)] = (m, f"{m.message} (see {m.section})")
+    entries = {(e.id, m.key): m for e in exercises for m in for_exercise(e.id)}
     for r in best.values():
         for ex_id, fb in r.feedback.items():
-            wrong = [c.get("message", "") for c in fb.get("cases", []) if c.get("status") == "wrong"]
-            if not wrong:
-                continue
-            for (eid, key), (_, text) in entries.items():
-                if eid == ex_id and any(text in msg for msg in wrong):
-                    counts[(eid, key)] += 1
-    out = [MistakeCount(eid, key, entries[(eid, key)][0].message, k) for (eid, key), k in counts.items()]
+            found = {c.get("mistake") for c in fb.get("cases", [])
+                     if c.get("status") == "wrong" and isinstance(c.get("mistake"), str)}
+            for key in found:
+                if (ex_id, key) in entries:
+                    counts[(ex_id, key)] += 1
+    out = [MistakeCount(eid, key, entries[(eid, key)].message, k) for (eid, key), k in counts.items()]
     order = {e.id: i for i, e in enumerate(exercises)}
     return sorted(out, key=lambda m: (-m.students, order[m.exercise], m.key))

@@ -315,6 +315,22 @@ def task_key(name: str) -> str:
     return f"grade-{re.sub(r'[^A-Za-z0-9_.-]', '_', name[:60])}-{os.urandom(6).hex()}"
 
 
+POLL_S = 0.02  # how often the grader's main thread looks for a finished task
+
+
+def _completed(done) -> Iterator:
+    """The futures of ``distributed.as_completed`` as they finish, waited for in ``time.sleep``:
+    its own iteration waits on a condition, where Ctrl-C may break the condition's lock
+    (:mod:`attn_course.interrupt`); a sleep ends cleanly.  Taking a ready one never waits."""
+    while True:
+        if done.has_ready():
+            yield next(done)
+        elif done.is_empty():
+            return
+        else:
+            time.sleep(POLL_S)
+
+
 class DaskPool:
     """Grades a batch on the Dask cluster at ``address``, a bounded number of tasks in flight."""
 
@@ -448,23 +464,28 @@ class DaskPool:
                     # not a readable regular file of bounded size: rejected here, by the same function
                     yield archive, self.grader.grade_one(archive, 0)
                     continue
-                if not submit(archive, data, received):
+                with self.grader.interrupts.deferred():
+                    sent = submit(archive, data, received)
+                if not sent:
                     yield archive, self._failed(archive, data, received, ClusterError("every worker refused"))
                     continue
                 return
 
+        deferred = self.grader.interrupts.deferred  # Ctrl-C, raised after Dask's waits (attn_course.interrupt)
         for _ in range(window):
             yield from submit_next()
-        for fut in done:
-            archive, data, received = self.futures.pop(fut)
-            refused = self._refused_by(fut)
-            if refused is not None and refused.address:  # (one without an address cannot be avoided)
-                if refused.address not in self.refused:  # named once, though it may refuse more in flight
-                    self.refused.add(refused.address)
-                    self.grader.log(f"warning: {terminal(refused, 300)}; it gets no more archives of this batch")
-                if submit(archive, data, received):
-                    continue  # the archive it refused goes to another worker
-            yield archive, self._result(fut, archive, data, received)
+        for fut in _completed(done):
+            with deferred():
+                archive, data, received = self.futures.pop(fut)
+                refused = self._refused_by(fut)
+                if refused is not None and refused.address:  # (one without an address cannot be avoided)
+                    if refused.address not in self.refused:  # named once, though it may refuse more in flight
+                        self.refused.add(refused.address)
+                        self.grader.log(f"warning: {terminal(refused, 300)}; it gets no more archives of this batch")
+                    if submit(archive, data, received):
+                        continue  # the archive it refused goes to another worker
+                res = self._result(fut, archive, data, received)
+            yield archive, res
             yield from submit_next()
 
     @staticmethod

@@ -482,13 +482,16 @@ def diagnose(ex: Exercise, case: Case, got: Any, expected: Any,
 
 
 def explain(ex: Exercise, case: Case, got: Any, expected: Any,
-            wrong: Mapping[str, Any] | None = None, entries: list[Known] | None = None) -> str:
-    """The diagnosis as one line for feedback ('' when nothing is recognised); never raises.
+            wrong: Mapping[str, Any] | None = None, entries: list[Known] | None = None) -> Diagnosis | None:
+    """:func:`diagnose` for the scoring's ``diagnose`` callback: None when nothing is recognised,
+    and never raises.
 
-    ``wrong`` and ``entries`` as in :func:`diagnose` (a student's check passes both).
+    ``wrong`` and ``entries`` as in :func:`diagnose` (a student's check passes both).  The
+    scoring writes the diagnosis's text into the feedback and keeps the key of a catalogue
+    entry apart (:attr:`attn_course.scoring.CaseResult.mistake`), so that the class report
+    counts mistakes from that key, never from words that a submission could write too.
     """
     try:
-        d = diagnose(ex, case, got, expected, wrong, entries)
+        return diagnose(ex, case, got, expected, wrong, entries)
     except Exception:  # noqa: BLE001 - a diagnosis is a bonus: the verdict stands without it
-        return ""
-    return d.text() if d is not None else ""
+        return None

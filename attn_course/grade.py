@@ -59,12 +59,13 @@ from pathlib import Path
 from . import RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
 from .identity import secret_fingerprint
+from .interrupt import Interrupts
 from .registry import Exercise, secret, select
 from .runner import Budget, fill_worker_cache, package_files, reference_results, run_and_grade, run_worker
 from .sandbox import GRADING_LIMITS, Limits, confinement
 from .scoring import ExerciseResult, Status, stubbed_exercises
 from .server import StartError, WorkerServer
-from .results import ArchiveResult, atomic_write, latest_by_student, result_name
+from .results import ArchiveResult, atomic_write, latest_by_student, own_result, result_name
 from .text import terminal
 from .workspace import ASSIGNMENT
 
@@ -134,6 +135,7 @@ class Grader:
         self._expected: dict[str, tuple] = {}
         self._servers: dict[int, WorkerServer] = {}
         self._stop = threading.Event()
+        self.interrupts = Interrupts()  # Ctrl-C, deferred while the run waits on its threads
         self.cache = None
         self.release = package_files(RELEASE_LIBRARY)  # the stub release, read once: archives overlay it
         self._untouched: tuple[dict, dict, bool] | None = None  # the release's own verdict (see _library)
@@ -254,8 +256,9 @@ class Grader:
         for server in self._servers.values():
             server.warm = warm  # (after the launches: a server launched again starts off)
         threads = [threading.Thread(target=start, args=(s,), daemon=True) for s in idle]
-        for t in threads:
-            t.start()
+        with self.interrupts.deferred():  # Thread.start waits on an Event (attn_course.interrupt)
+            for t in threads:
+                t.start()
         for t in threads:
             t.join()
         if idle and len(failed) == len(idle):  # not one server started: no archive could be graded
@@ -278,7 +281,7 @@ class Grader:
         return self.out / "results" / result_name(archive)
 
     def done(self, archive: Path) -> bool:
-        old = ArchiveResult.load(self.result_path(archive))
+        old = own_result(self.out / "results", archive)
         if old is None or old.error:
             return False
         try:
@@ -327,9 +330,7 @@ class Grader:
             r = ExerciseResult(e, cases)
             spent |= any(c.status.value == "budget" for c in cases)
             scores[e.id] = round(r.score, 4)
-            feedback[e.id] = {"status": r.status.value, "points": e.points,
-                              "cases": [{"case": c.case, "passed": c.passed, "status": c.status.value,
-                                         "message": c.message, "hidden": c.hidden} for c in r.cases]}
+            feedback[e.id] = r.feedback()
         return scores, feedback, spent
 
     def _library(self, slot: int, files: dict[str, str], budget: Budget) -> tuple[dict, dict, bool]:
@@ -419,6 +420,10 @@ class Grader:
 
     # -- the class -----------------------------------------------------------------------
     def run(self, submissions: Path, regrade: bool = False) -> list[ArchiveResult]:
+        with self.interrupts.handled():
+            return self._run_batch(submissions, regrade)
+
+    def _run_batch(self, submissions: Path, regrade: bool) -> list[ArchiveResult]:
         if not Path(submissions).is_dir():
             raise FileNotFoundError(f"no folder of submissions at {submissions}")
         archives = sorted(p for p in Path(submissions).iterdir() if p.name.endswith(".zip"))
@@ -476,8 +481,8 @@ class Grader:
     def load_results(self, archives: list[Path]) -> list[ArchiveResult]:
         out = []
         for a in archives:
-            r = ArchiveResult.load(self.result_path(a))
-            if r is not None and r.archive == a.name:
+            r = own_result(self.out / "results", a)
+            if r is not None:
                 out.append(r)
         return out
 
@@ -512,10 +517,12 @@ class LocalPool:
                 with g._lock:
                     slots.append(slot)
 
-        futures = {self.executor.submit(work, a): a for a in todo}
+        with g.interrupts.deferred():  # starts threads, and Thread.start waits on an Event
+            futures = {self.executor.submit(work, a): a for a in todo}
         pending = set(futures)
         while pending:
-            done_now, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            with g.interrupts.deferred():  # (Ctrl-C within 0.5 s, :mod:`attn_course.interrupt`)
+                done_now, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for fut in done_now:
                 yield futures[fut], fut.result()
 

@@ -76,10 +76,27 @@ class ArchiveResult:
             return None
 
 
-def result_name(archive: Path) -> str:
-    """A file name for an archive's result that no archive name can bend."""
+def result_name(archive: Path, digits: int = 32) -> str:
+    """A file name for an archive's result that no archive name can bend, nor share with another.
+
+    The name's first 80 characters, made safe, and ``digits`` hex digits (128 bits) of the
+    SHA-256 of the whole name: names that two students choose to agree in their first 80
+    characters still find no common file.  (Results written before took 8 digits, 32 bits,
+    which two chosen names could share: :func:`own_result` reads them, checked.)
+    """
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", archive.stem)[:80]
-    return f"{stem}-{hashlib.sha256(archive.name.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}.json"
+    digest = hashlib.sha256(archive.name.encode("utf-8", "surrogateescape")).hexdigest()
+    return f"{stem}-{digest[:digits]}.json"
+
+
+def own_result(results: Path, archive: Path) -> ArchiveResult | None:
+    """The result in the folder ``results`` of ``archive``: a file of its name's that says it is
+    this archive's (a result file names its archive), or one of the 8-digit names of before."""
+    for digits in (32, 8):
+        r = ArchiveResult.load(results / result_name(archive, digits))
+        if r is not None and r.archive == archive.name:
+            return r
+    return None
 
 
 def latest_by_student(results: list[ArchiveResult]) -> dict[str, ArchiveResult]:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
 from .registry import Case, Exercise
+
+if TYPE_CHECKING:
+    from .diagnose import Diagnosis
 
 
 class Status(str, Enum):
@@ -94,6 +97,7 @@ class CaseResult:
     hidden: bool = False
     checks_error: bool = False  # the reference raises here: the case checks that bad input is refused
     trivial: bool = False  # an answer of zeros passes it (a limit whose value and gradient are 0)
+    mistake: str = ""  # the key of the catalogued mistake the answer reproduces (never the submission's text)
 
 
 @dataclass
@@ -113,6 +117,12 @@ class ExerciseResult:
             if any(c.status == s for c in self.cases) and not any(c.passed for c in self.cases):
                 return s
         return Status.FAIL
+
+    def feedback(self) -> dict[str, Any]:
+        """The exercise's verdict as an archive's result stores it (``ArchiveResult.feedback[id]``)."""
+        return {"status": self.status.value, "points": self.exercise.points,
+                "cases": [{"case": c.case, "passed": c.passed, "status": c.status.value, "message": c.message,
+                           "hidden": c.hidden, "mistake": c.mistake} for c in self.cases]}
 
     @property
     def score(self) -> float:
@@ -277,7 +287,7 @@ HIDDEN_WORDS = {
 }
 
 
-Diagnose = Callable[[Exercise, Case, dict, dict], str]  # (ex, case, got, expected) -> '' or a diagnosis
+Diagnose = Callable[[Exercise, Case, dict, dict], "Diagnosis | None"]  # (ex, case, got, expected) -> diagnosis
 
 
 def compare(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: bool,
@@ -334,11 +344,14 @@ def _verdict(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: 
     msg = compare_values(expected.value or {}, got.value or {}, ex.rtol, ex.atol, show=not hidden,
                          tol=lambda dtype: tolerance(ex, backend, dtype))
     if msg:
-        why = diagnose(judged_on(ex, backend, expected.value or {}), case, got.value or {},
-                       expected.value or {}) if diagnose else ""
-        if why:  # the catalogue's fixed words: safe on hidden cases too
+        found = diagnose(judged_on(ex, backend, expected.value or {}), case, got.value or {},
+                         expected.value or {}) if diagnose else None
+        mistake = ""
+        if found:  # the catalogue's fixed words: safe on hidden cases too
+            why = found.text()
             msg = f"{why}\n{msg}" if not hidden else f"{msg}: {why}"
-        return CaseResult(name, False, Status.WRONG, _noted(msg, note), hidden)
+            mistake = found.key if found.kind == "catalogue" else ""
+        return CaseResult(name, False, Status.WRONG, _noted(msg, note), hidden, mistake=mistake)
     return CaseResult(name, True, Status.PASS, "", hidden)
 
 

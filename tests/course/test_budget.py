@@ -64,10 +64,10 @@ def test_the_public_cases_run_with_the_time_the_diagnoses_took_given_back(monkey
 
     diagnosed: list[float] = []
 
-    def explain(*args, **kwargs) -> str:
+    def explain(*args, **kwargs) -> None:
         time.sleep(SLEEP_S)
         diagnosed.append(SLEEP_S)
-        return ""
+        return None
 
     monkeypatch.setattr(runner, "run_worker", worker)
     monkeypatch.setattr("attn_course.diagnose.explain", explain)

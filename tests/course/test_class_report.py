@@ -29,9 +29,7 @@ def _graded(sid: str, answers: dict[str, str | None]) -> ArchiveResult:
         got = expected if key is None else [Outcome("ok", wrong_outputs(e, c)[key]) for c in cases]
         res = ExerciseResult(e, grade(e, cases, expected, got, False, diagnose=explain))
         r.scores[e.id] = round(res.score, 4)
-        r.feedback[e.id] = {"status": res.status.value, "points": e.points,
-                            "cases": [{"case": c.case, "passed": c.passed, "status": c.status.value,
-                                       "message": c.message, "hidden": c.hidden} for c in res.cases]}
+        r.feedback[e.id] = res.feedback()
     return r
 
 
@@ -55,6 +53,24 @@ def test_mistakes_are_ranked_by_how_many_students_make_them(tmp_path):
     assert f"Totals out of {maxp:g}" in report
     assert "](histograms.svg)" in report
     assert sum(_bars(tmp_path / "histograms.svg")[0].values()) == 5  # the totals: every student once
+
+
+def test_a_message_that_quotes_the_catalogue_is_not_a_mistake():
+    """Where the reference raises, a wrong answer's line quotes the student's own exception: an
+    archive that raises the catalogue's words there (and computes nothing) is counted for no entry."""
+    r = ArchiveResult("m.zip", "", "fp", [e.id for e in EX], received=1.0, student_id="m", identity="ok")
+    quoted = 0
+    for e in EX:
+        cases = e.make_cases(False)
+        expected = reference_results(e, cases)
+        words = "; ".join(f"{m.message} (see {m.section})" for m in for_exercise(e.id))
+        got = [Outcome("raised", type="ValueError", message=words) if x.status == "raised"
+               else Outcome("raised", type="RuntimeError", message="no") for x in expected]
+        res = ExerciseResult(e, grade(e, cases, expected, got, False, diagnose=explain))
+        quoted += sum(words in c.message and c.status.value == "wrong" for c in res.cases)
+        r.feedback[e.id] = res.feedback()
+    assert quoted, "no public case of chapter 3 checks an error: the attack is not tried"
+    assert mistake_counts({"m": r}, EX) == []
 
 
 SVG = "{http://www.w3.org/2000/svg}"

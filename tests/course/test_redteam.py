@@ -12,6 +12,8 @@ when it is missing.
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -176,6 +178,11 @@ def graded(tmp_path_factory):
     info.external_attr = (0o120777 << 16)
     with zipfile.ZipFile(sl, "a") as z:
         z.writestr(info, "/etc/passwd")
+    # two names that agree in their first 80 characters and in the 8 hex digits of SHA-256 that
+    # result files once took: an honest archive, and one that is rejected (no token)
+    victim, attacker = _names_sharing_8_digits()
+    build_archive(subs / victim, "name-victim", ref, token=token_for("name-victim", SECRET))
+    build_archive(subs / attacker, "name-attacker", ref)
     # 5 s an exercise: the infinite loop and the fork bomb burn it all (the bomb on every core), and an
     # honest exercise (well under a second) still has ten times what it needs
     limits = Limits(per_exercise_s=5, per_archive_s=90, cpu_s=60, memory_mb=3072, processes=64, file_mb=16)
@@ -186,6 +193,18 @@ def graded(tmp_path_factory):
         del os.environ["ATTN_COURSE_SECRET"]
     by_archive = {r.archive: asdict(r) for r in results}
     return g, by_archive, out
+
+
+def _names_sharing_8_digits() -> tuple[str, str]:
+    """Two archive names, 80 characters in common, whose SHA-256 share the first 8 hex digits
+    (a birthday search: about 2**16 names)."""
+    seen: dict[str, str] = {}
+    for i in itertools.count():
+        name = f"{'n' * 80}{i}.zip"
+        d = hashlib.sha256(name.encode()).hexdigest()[:8]
+        if d in seen:
+            return seen[d], name
+        seen[d] = name
 
 
 def _rewrite(path: Path, member: str, data: bytes) -> None:
@@ -270,3 +289,15 @@ def test_resume_skips_finished_archives(graded):
     finally:
         del os.environ["ATTN_COURSE_SECRET"]
     assert "0 to grade" in log[0], log[0]
+
+
+def test_names_that_share_a_short_digest_keep_their_own_results(graded):
+    """After the batch and its resume: the honest archive's result is its own, full marks, and
+    the rejected one's is its own too (neither replaced the other in results/ nor the gradebook)."""
+    g, results, out = graded
+    victim, attacker = _names_sharing_8_digits()
+    assert results[victim]["scores"] == {k: float(v) for k, v in FULL.items()}
+    assert results[attacker]["rejected"]
+    loaded = {r.archive: r for r in g.load_results([out.parent / "submitted" / n for n in (victim, attacker)])}
+    assert set(loaded) == {victim, attacker} and loaded[victim].total == sum(FULL.values())
+    assert any(row.startswith("name-victim,") for row in (out / "gradebook.csv").read_text().splitlines())
