@@ -621,7 +621,7 @@ def main_grade(args) -> int:
 
         db = args.nbgrader or f"sqlite:///{(Path(args.out) / 'nbgrader' / 'gradebook.db').resolve()}"
         try:
-            write_gradebook(db, best, g.exercises, notebooks=args.notebooks)
+            write_gradebook(db, best, g.exercises, notebooks=args.notebooks, late=g.late)
             csv_path = export_csv(db, Path(args.out))
         except Exception as err:  # noqa: BLE001 - nbgrader's failure, reported as such
             print(f"attn-course: writing nbgrader's gradebook failed: {type(err).__name__}: {err}", file=sys.stderr)

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from . import EXERCISES
+from .late import LatePolicy
 from .registry import Exercise
 
 MAX_NOTEBOOK_CELLS = 400
@@ -76,9 +77,21 @@ def notebook_jobs(sub, exercises: list[Exercise]):
         yield ch, {"setup": setup, "exercises": items}, problems
 
 
-def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebooks: bool = False) -> None:
-    """The library scores as assignment ``library``; notebook scores as ``chNN``."""
+def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebooks: bool = False,
+                    late: LatePolicy | None = None) -> None:
+    """The library scores as assignment ``library``; notebook scores as ``chNN``.
+
+    With a late policy, nbgrader's gradebook carries it as nbgrader does its
+    own: each assignment's due date (the deadline with its grace), each
+    submission's time (the archive's receipt time) and each notebook's late
+    penalty in points (what the policy takes from its score), so that
+    ``nbgrader export`` (``score = raw_score - late_submission_penalty``) and
+    the formgrader show the same total as ``gradebook.csv``, for the library
+    and the notebooks alike.  Without one, all three are cleared (a gradebook
+    written before with another policy keeps none of its penalties).
+    """
     import warnings
+    from datetime import datetime, timezone
 
     from .quick_imports import skip_iri_parsers
 
@@ -97,11 +110,15 @@ def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebook
         for ch in sorted({e.chapter for e in exercises}):
             chosen = [e for e in exercises if e.chapter == ch]
             groups.append((f"ch{ch:02d}", f"ch{ch:02d}", "{label}-tests", chosen, "notebook_scores"))
+    def utc(stamp: float) -> datetime:
+        return datetime.fromtimestamp(stamp, timezone.utc)
+
+    due = utc(late.deadline + late.grace_s) if late is not None else None
     with warnings.catch_warnings(), Gradebook(db_url) as gb:
         # nbgrader's add_submission triggers an autoflush warning with SQLAlchemy 2
         warnings.simplefilter("ignore", SAWarning)
         for assignment, notebook, cell, chosen, attr in groups:
-            gb.update_or_create_assignment(assignment)
+            gb.update_or_create_assignment(assignment, duedate=due)
             gb.update_or_create_notebook(notebook, assignment)
             for e in chosen:
                 gb.update_or_create_grade_cell(cell.format(label=e.label), notebook, assignment,
@@ -109,10 +126,14 @@ def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebook
             gb.db.commit()
             for sid, r in best.items():
                 gb.update_or_create_student(sid)
-                gb.update_or_create_submission(assignment, sid)
+                gb.update_or_create_submission(assignment, sid, timestamp=utc(r.received) if late else None)
+                raw = 0.0
                 for e in chosen:
                     g = gb.find_grade(cell.format(label=e.label), notebook, assignment, sid)
                     g.auto_score = float(getattr(r, attr).get(e.id, 0.0))
+                    raw += g.auto_score
+                penalty = round(raw - late.lateness(r.received).apply(raw), 4) if late is not None else 0.0
+                gb.find_submission_notebook(notebook, assignment, sid).late_submission_penalty = penalty
                 gb.db.commit()
 
 

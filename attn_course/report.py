@@ -34,7 +34,7 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
     if late:
         head += ["days_late", "final"]
     if notebooks:
-        head += [f"notebook {i}" for i in ids] + ["notebook total"]
+        head += [f"notebook {i}" for i in ids] + ["notebook total"] + (["notebook final"] if late else [])
     w.writerow(head)
     for sid in sorted(best):
         r = best[sid]
@@ -44,7 +44,10 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
             row += [str(rows[sid].late_days), f"{rows[sid].total:g}"]
         if notebooks:
             nb = [r.notebook_scores.get(i, 0.0) for i in ids]
-            row += [f"{s:g}" for s in nb] + [f"{sum(nb):g}"]
+            nb_total = round(sum(nb), 4)
+            row += [f"{s:g}" for s in nb] + [f"{nb_total:g}"]
+            if late:  # the same policy as the library's total
+                row.append(f"{late.lateness(r.received).apply(nb_total):g}")
         w.writerow(row)
     atomic_write(out / "gradebook.csv", buf.getvalue())
     write_exports(out, list(rows.values()), exercises, assignment)

@@ -104,3 +104,36 @@ def test_gradebook_with_a_late_policy(tmp_path):
     assert "1 day(s) late" in (tmp_path / "feedback" / "carol.md").read_text()
     assert "late" not in (tmp_path / "feedback" / "alice.md").read_text()
     assert (tmp_path / "exports" / "canvas.csv").exists() and (tmp_path / "exports" / "moodle.csv").exists()
+
+
+def test_the_late_policy_reaches_the_notebooks_and_nbgraders_export(tmp_path):
+    """A student two days late under 25 % a day keeps half of each total, the notebooks' and
+    nbgrader's (grades.csv: library and ch03) as the library's; on time, all of it.  Graded again
+    without the policy, nbgrader's gradebook keeps no penalty."""
+    from attn_course.nbgrader_bridge import export_csv, write_gradebook
+
+    notebook = {e.id: float(e.points) - 1 for e in EX}  # one point short on every exercise
+    results = [_result("ontime", D - 60, _full()), _result("late", D + DAY_S + 1, _full())]
+    for r in results:
+        r.notebook_scores = dict(notebook)
+    policy = LatePolicy(D, penalty_per_day=0.25)
+    raw = {"library": float(sum(_full().values())), "ch03": sum(notebook.values())}
+    half = 1 - 0.25 * 2  # two started days late
+
+    write_outputs(tmp_path, results, EX, notebooks=True, late=policy)
+    book = {r["student_id"]: r for r in csv.DictReader(open(tmp_path / "gradebook.csv"))}
+    assert float(book["late"]["notebook final"]) == raw["ch03"] * half
+    assert float(book["ontime"]["notebook final"]) == raw["ch03"]
+
+    db = f"sqlite:///{tmp_path / 'nbgrader' / 'gradebook.db'}"
+    best = {r.student_id: r for r in results}
+    for policy_now, factor in ((policy, half), (None, 1.0)):
+        write_gradebook(db, best, EX, notebooks=True, late=policy_now)
+        rows = list(csv.DictReader(open(export_csv(db, tmp_path))))
+        got = {(row["assignment"], row["student_id"]): row for row in rows}
+        for assignment, total in raw.items():
+            late, ontime = got[(assignment, "late")], got[(assignment, "ontime")]
+            assert float(late["raw_score"]) == total and float(late["score"]) == total * factor, late
+            assert float(ontime["score"]) == total, ontime
+            assert bool(late["timestamp"]) == (policy_now is not None)
+            assert bool(late["duedate"]) == (policy_now is not None)
