@@ -44,6 +44,16 @@ def _cells_by_id(nb: object) -> dict[str, list[str]]:
     return found
 
 
+def answer_cells(text: str | bytes) -> str:
+    """The sources of a notebook's answer cells (grade ids ``*-answer``), in the notebook's order,
+    one after the other; raises ValueError where the text is not a notebook."""
+    try:
+        cells = _cells_by_id(json.loads(text))
+    except (RecursionError, UnicodeDecodeError, TypeError, AttributeError) as err:
+        raise ValueError("not a notebook") from err
+    return "\n\n".join(src for grade_id, sources in cells.items() if grade_id.endswith("-answer") for src in sources)
+
+
 def notebook_jobs(sub, exercises: list[Exercise]):
     """(chapter, notebook job, {exercise: why it scores 0}) for each notebook of the archive."""
     chapters = sorted({e.chapter for e in exercises})

@@ -11,7 +11,12 @@ signatures, docstrings and given code are identical for everyone), and the
 stub's own fingerprints are removed as boilerplate; the whole library is
 compared too (:data:`WHOLE`: every module's code and every file the release
 does not have, together), so that code moved to another module or file is
-found.  That code is normalised
+found.  A notebook's answer cells are compared as a module of their own
+(against the release notebook's answer cells) and belong to the whole too:
+a copied notebook, or library code pasted into one, is found.  A student's
+code is capped (:data:`MAX_CODE` a module, :data:`MAX_WHOLE` the whole: four
+to seven times the reference's), which bounds what one archive costs: under
+0.85 M characters to tokenise, whatever it holds (it was 2.3 M).  That code is normalised
 (tokenised; names become ``V``/``F``/``O``, strings ``S``: copydetect's
 ``filter_code``), cut into k-grams and winnowed (Schleimer, Wilkerson and
 Aiken 2003; ``copydetect``).  A pair's similarity in a module is, for each of
@@ -37,21 +42,24 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-from . import RELEASE_LIBRARY
+from . import EXERCISES, RELEASE_LIBRARY
 from .archive import Rejected, library_files, read_submission
+from .nbgrader_bridge import answer_cells
 from .results import ArchiveResult, atomic_write, latest_by_student
 from .text import CUT, md_inline, plain
 from .workspace import ASSIGNMENT
 
 K = 25  # k-gram length in normalised characters (copydetect's default noise threshold)
 WINDOW = 4  # winnowing window (copydetect's default guarantee threshold is K + WINDOW - 1)
-MAX_CODE = 100_000  # characters of one module's student code considered
+MAX_CODE = 25_000  # characters of one module's student code considered (the reference's largest: 3.4 k)
+MAX_WHOLE = 100_000  # characters of a student's whole library considered (the reference's: 24 k)
 MAX_LINES = 5_000  # lines of one module's student code considered (bounds difflib's cost)
 MAX_SHOWN = 200  # pairs in the report
 SHOW_CHARS = 20_000  # characters of code shown per side in the HTML view
+ANSWERS = " (answer cells)"  # a notebook's pseudo-module: ``notebooks/ch03.ipynb (answer cells)``
 WHOLE = "attn_tensors (all modules)"
-"""The pseudo-module of a student's whole library: the code of every module, and every file the
-release does not have, together.  Code moved to another module, or to a file of the student's own
+"""The pseudo-module of a student's whole library: the code of every module, every file the
+release does not have and the notebooks' answer cells, together.  Code moved to another module, or to a file of the student's own
 (imported from where the stub is), is compared there; a pair is listed under it only when no single
 module lists the two students already."""
 
@@ -77,7 +85,7 @@ class Pair:
 @dataclass
 class SimilarityReport:
     students: int
-    modules: int
+    modules: int  # library modules (a notebook's answer cells, and the whole, are not counted)
     threshold: float
     pairs: list[Pair] = field(default_factory=list)
     code: dict[tuple[str, str], str] = field(default_factory=dict)  # (student, module) -> their code
@@ -122,7 +130,7 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # copydetect warns on tiny files
     n = len(codes)
     common = common if common is not None else max(10, n // 10)
-    report = SimilarityReport(n, len(stubs) - (WHOLE in stubs), threshold)
+    report = SimilarityReport(n, sum(m != WHOLE and not m.endswith(ANSWERS) for m in stubs), threshold)
     for module, stub in sorted(stubs.items()):
         boiler = _fingerprint(module, stub, None).hashes
         prints = {}
@@ -158,10 +166,15 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
     return report
 
 
-def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: Path = RELEASE_LIBRARY
-                ) -> tuple[dict[str, dict[str, str]], dict[str, str], list[str]]:
-    """Each student's code per module (the counted archive, verified again), the stubs, and unreadable archives."""
+def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: Path = RELEASE_LIBRARY,
+                release_notebooks: Path = EXERCISES) -> tuple[dict[str, dict[str, str]], dict[str, str], list[str]]:
+    """Each student's code per module (the counted archive, verified again), the stubs, and unreadable archives.
+
+    A notebook's answer cells are a module of their own (``notebooks/chNN.ipynb (answer cells)``,
+    against the release's answer cells), and part of the student's whole code (:data:`WHOLE`)."""
     stubs = {n: d.decode("utf-8", "replace") for n, d in library_files(stub_library).items()}
+    notebook_stubs = {f"notebooks/{nb.name}{ANSWERS}": answer_cells(nb.read_bytes())
+                      for nb in sorted(Path(release_notebooks).glob("ch*/ch*.ipynb"))}
     codes: dict[str, dict[str, str]] = {}
     skipped = []
     for sid, r in sorted(latest_by_student(results).items()):
@@ -175,10 +188,16 @@ def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: P
             continue
         codes[sid] = {m: student_code(sub.files[m].decode("utf-8", "replace"), stub)
                       for m, stub in stubs.items() if m in sub.files}
+        for name, stub in notebook_stubs.items():
+            if name.removesuffix(ANSWERS) in sub.files:
+                try:
+                    codes[sid][name] = student_code(answer_cells(sub.files[name.removesuffix(ANSWERS)]), stub)
+                except ValueError:
+                    skipped.append(f"{r.archive}: {name.removesuffix(ANSWERS)} is not a readable notebook")
         own = [sub.files[m].decode("utf-8", "replace")[:MAX_CODE] for m in sorted(sub.files)
                if m.startswith("attn_tensors/") and m not in stubs]
-        codes[sid][WHOLE] = "\n".join([code for _, code in sorted(codes[sid].items())] + own)[:4 * MAX_CODE]
-    return codes, {**stubs, WHOLE: ""}, skipped
+        codes[sid][WHOLE] = "\n".join([code for _, code in sorted(codes[sid].items())] + own)[:MAX_WHOLE]
+    return codes, {**stubs, **notebook_stubs, WHOLE: ""}, skipped
 
 
 def report_markdown(rep: SimilarityReport) -> str:

@@ -55,6 +55,20 @@ def test_a_file_of_blank_lines_costs_no_more_than_its_capped_code(monkeypatch):
                         stub).strip() == BODY.strip()
 
 
+def test_the_caps_bound_an_archive_and_leave_honest_code_whole():
+    """What one archive costs the report is capped (a red team's archive of 100 KB of junk a module
+    took the class's report from 7 to 68 s); the caps are at least four times what the reference
+    library's own code needs, module by module and whole, so honest code is compared whole."""
+    from attn_course import EXERCISES, ROOT
+    from attn_course.similarity import MAX_WHOLE
+
+    ref = library_files(ROOT)
+    code = {m: student_code(ref[m].decode(), stub) for m, stub in STUBS.items() if m in ref}
+    assert 4 * max(map(len, code.values())) <= MAX_CODE and 4 * sum(map(len, code.values())) <= MAX_WHOLE
+    notebooks = len(list(EXERCISES.glob("ch*/ch*.ipynb")))  # their answer cells: one module each
+    assert (len(STUBS) + notebooks) * MAX_CODE + MAX_WHOLE <= 850_000  # characters tokenised for one archive
+
+
 def _marked(page: str, side: int) -> str:
     """The highlighted text of one side (0: A, 1: B) of the first pair in the HTML view."""
     pre = re.findall(r"<pre>(.*?)</pre>", page, re.S)[side]

@@ -127,3 +127,37 @@ def test_a_copy_moved_to_another_module_or_a_new_file_is_found(tmp_path):
         assert (a, b, WHOLE) in pairs, (a, b, pairs)
     assert not any("cy" in (p.a, p.b) for p in rep.pairs), pairs
     assert rep.modules == len(STUB)
+
+
+def _notebook(answer_31: str) -> bytes:
+    """The release's chapter-3 notebook with ``answer_31`` as exercise 3.1's answer cell."""
+    import json
+
+    from attn_course import EXERCISES
+
+    nb = json.loads((EXERCISES / "ch03" / "ch03.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "ex-3-1-answer"]
+    cell["source"] = answer_31
+    return json.dumps(nb).encode()
+
+
+def test_copied_notebook_answers_are_found(tmp_path):
+    """Two students whose library is the stub and whose notebooks answer 3.1 with a renamed copy
+    make a pair under the notebook's answer cells; independent work, and a notebook left as
+    released, do not; a notebook that is not JSON is named among the archives not compared."""
+    from attn_course.similarity import ANSWERS
+
+    from attn_course import EXERCISES
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    head = "def log_partition_function(S, mask=None, T=1.0):\n    xp = namespace(S)\n"
+    who = {"ada": _notebook(head + ORIGINAL), "bea": _notebook(head + RENAMED), "cy": _notebook(head + OTHER),
+           "dee": (EXERCISES / "ch03" / "ch03.ipynb").read_bytes(), "eve": b"{not json"}
+    results = []
+    for sid, nb in who.items():
+        build_archive(subs / f"{sid}.zip", sid, dict(STUB, **{"notebooks/ch03.ipynb": nb}))
+        results.append(ArchiveResult(f"{sid}.zip", "", "fp", ["3.1"], received=1.0, student_id=sid, identity="ok"))
+    rep = write_similarity(tmp_path / "grading", subs, results, threshold=0.6)
+    assert {(p.a, p.b, p.module) for p in rep.pairs} == {("ada", "bea", f"notebooks/ch03.ipynb{ANSWERS}")}, rep.pairs
+    assert any("eve.zip" in s and "not a readable notebook" in s for s in rep.skipped), rep.skipped
