@@ -132,12 +132,12 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
     common = common if common is not None else max(10, n // 10)
     report = SimilarityReport(n, sum(m != WHOLE and not m.endswith(ANSWERS) for m in stubs), threshold)
     for module, stub in sorted(stubs.items()):
+        written = {sid: code for sid in sorted(codes) if len((code := codes[sid].get(module, "")).strip()) >= K}
+        if not written:
+            continue  # (the stub's fingerprints cost a second a chapter's notebook: only where needed)
         boiler = _fingerprint(module, stub, None).hashes
         prints = {}
-        for sid in sorted(codes):
-            code = codes[sid].get(module, "")
-            if len(code.strip()) < K:
-                continue
+        for sid, code in written.items():
             fp = _fingerprint(module, code, boiler)
             if fp.hashes:
                 prints[sid] = fp
