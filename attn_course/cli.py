@@ -30,6 +30,10 @@ from pathlib import Path
 def _workspace(args) -> Path:
     from . import workspace
 
+    if args.workspace is not None and not args.workspace.strip():
+        raise workspace.WorkspaceError("--workspace needs a folder (leave it out to use the current one)")
+    if args.workspace and not Path(args.workspace).is_dir():
+        raise workspace.WorkspaceError(f"--workspace {args.workspace}: no such folder")
     return workspace.find(Path(args.workspace) if args.workspace else None)
 
 
@@ -116,6 +120,8 @@ def cmd_submit(args) -> int:
     from . import workspace
 
     ws = _workspace(args)
+    if args.out is not None and not args.out.strip():
+        raise workspace.WorkspaceError("--out needs an archive name (leave it out for one in submissions/)")
     out = workspace.submit(ws, Path(args.out) if args.out else None)
     print(f"Wrote {out}")
     if not workspace.meta(ws).get("token"):

@@ -20,39 +20,8 @@ from pathlib import Path
 
 from . import EXERCISES
 from .late import LatePolicy
+from .notebook_cells import cells_by_id
 from .registry import Exercise
-
-MAX_NOTEBOOK_CELLS = 400
-
-
-def _cells_by_id(nb: object) -> dict[str, list[str]]:
-    """grade_id -> sources of the code cells that carry it (a notebook is untrusted JSON)."""
-    found: dict[str, list[str]] = {}
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise ValueError("not a notebook")
-    for cell in nb["cells"][:MAX_NOTEBOOK_CELLS]:
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        meta = cell.get("metadata")
-        grade_id = meta.get("nbgrader", {}).get("grade_id") if isinstance(meta, dict) and isinstance(meta.get("nbgrader"), dict) else None
-        src = cell.get("source", "")
-        if isinstance(src, list) and all(isinstance(s, str) for s in src):
-            src = "".join(src)
-        if not isinstance(grade_id, str) or not isinstance(src, str):
-            continue
-        found.setdefault(grade_id, []).append(src)
-    return found
-
-
-def answer_cells(text: str | bytes) -> str:
-    """The sources of a notebook's answer cells (grade ids ``*-answer``), in the notebook's order,
-    one after the other; raises ValueError where the text is not a notebook."""
-    try:
-        cells = _cells_by_id(json.loads(text))
-    except (RecursionError, UnicodeDecodeError, TypeError, AttributeError) as err:
-        raise ValueError("not a notebook") from err
-    return "\n\n".join(src for grade_id, sources in cells.items() if grade_id.endswith("-answer") for src in sources)
-
 
 def notebook_jobs(sub, exercises: list[Exercise]):
     """(chapter, notebook job, {exercise: why it scores 0}) for each notebook of the archive."""
@@ -62,10 +31,10 @@ def notebook_jobs(sub, exercises: list[Exercise]):
         release = EXERCISES / f"ch{ch:02d}" / f"ch{ch:02d}.ipynb"
         if name not in sub.files or not release.exists():
             continue
-        locked = _cells_by_id(json.loads(release.read_text()))
+        locked = cells_by_id(json.loads(release.read_text()))
         problems: dict[str, str] = {}
         try:
-            theirs = _cells_by_id(json.loads(sub.files[name]))
+            theirs = cells_by_id(json.loads(sub.files[name]))
         except (ValueError, RecursionError, UnicodeDecodeError, TypeError, AttributeError):
             theirs = {}
             problems = {e.id: "the notebook is not a readable .ipynb file" for e in exercises if e.chapter == ch}

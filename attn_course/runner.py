@@ -33,7 +33,8 @@ def package_files(package: Path) -> dict[str, str]:
     """``attn_tensors/**/*.py`` of a folder, as the job's files."""
     package = Path(package)
     return {str(p.relative_to(package)): p.read_text(errors="replace")
-            for p in sorted((package / "attn_tensors").rglob("*.py")) if "__pycache__" not in p.parts}
+            for p in sorted((package / "attn_tensors").rglob("*.py"))
+            if "__pycache__" not in p.parts and p.is_file()}  # (a folder or a pipe named *.py is no module)
 
 
 COMPILING = "(the job's program)"  # what runs between a JAX job's tracing and its results

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from . import EXERCISES, RELEASE_LIBRARY
 from .archive import Rejected, library_files, read_submission
-from .nbgrader_bridge import answer_cells
+from .notebook_cells import answer_cells
 from .results import ArchiveResult, atomic_write, latest_by_student
 from .text import CUT, md_inline, plain
 from .workspace import ASSIGNMENT

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from pathlib import Path
 from . import EXERCISES, RELEASE_LIBRARY
 from .identity import STUDENT_ID, IdentityError, format_token, valid_student_id  # noqa: F401 (STUDENT_ID re-exported)
 from .registry import CHAPTERS, all_exercises
+from .results import atomic_write
 
 ASSIGNMENT = "attn-tensors-library"
 FORMAT = 1
@@ -146,6 +148,9 @@ def create(dest: Path, student: str, token: str | None = None) -> Path:
         _unfill(dest, existed)
         raise WorkspaceError(f"{dest} cannot be made a workspace ({os_reason(err)}); "
                              "nothing was left in it") from None
+    except BaseException:  # Ctrl-C: no half-made workspace either (the next try would refuse it)
+        _unfill(dest, existed)
+        raise
     return dest
 
 
@@ -215,9 +220,7 @@ def set_token(workspace: Path, token: str) -> str:
     path = Path(workspace) / "course.json"
     info = meta(workspace)
     info["token"] = token
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(info, indent=1) + "\n")  # (a fresh temporary name: never a file of the user's)
     return token
 
 
@@ -280,9 +283,7 @@ def record_progress(workspace: Path, results, digest: str) -> Progress:
             passed[r.exercise.id] = digest
         else:
             passed.pop(r.exercise.id, None)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"format": 2, "passed": dict(sorted(passed.items()))}, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"format": 2, "passed": dict(sorted(passed.items()))}, indent=1) + "\n")
     now = library_digest(package_files(Path(workspace)))  # after the run: the source may have changed
     current = frozenset(i for i, d in passed.items() if d == now)
     return Progress(current, frozenset(passed) - current)
@@ -296,7 +297,17 @@ def submission_files(workspace: Path) -> list[Path]:
     ws = Path(workspace)
     files = sorted(p for p in (ws / "attn_tensors").rglob("*.py") if "__pycache__" not in p.parts)
     files += sorted((ws / "notebooks").glob("*.ipynb")) if (ws / "notebooks").is_dir() else []
-    return [p.relative_to(ws) for p in files]
+    return [p.relative_to(ws) for p in files if _file_or_unreadable(p)]
+
+
+def _file_or_unreadable(path: Path) -> bool:
+    """Whether ``path`` is submitted: a regular file, or a link that leads nowhere (which
+    :func:`_check_submittable` names).  A folder named like a module is no module, and a pipe
+    would never end a read: neither is taken."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return True
 
 
 def submit(workspace: Path, out: Path | None = None) -> Path:
@@ -310,6 +321,9 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
     student = check_student_id(info.get("student_id", ""))
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     if out is None:
+        if (ws / "submissions").exists() and not (ws / "submissions").is_dir():
+            raise WorkspaceError(f"{ws / 'submissions'} is a file, where submissions are kept; rename it "
+                                 "or pass --out ARCHIVE.zip (nothing was submitted)")
         (ws / "submissions").mkdir(exist_ok=True)
         out = ws / "submissions" / f"{student}-{ASSIGNMENT}-{stamp}.zip"
         n = 1
@@ -319,6 +333,12 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
     out = Path(out)
     if out.exists():
         raise WorkspaceError(f"{out} already exists; it was not overwritten (choose another name)")
+    if out.suffix != ".zip":
+        raise WorkspaceError(f"{out}: an archive's name ends in .zip (the grader reads only those); "
+                             "nothing was submitted")
+    if not out.parent.is_dir():
+        raise WorkspaceError(f"{out} cannot be written (there is no folder {out.parent}: make it first, "
+                             "or choose another place); nothing was submitted")
     files = submission_files(ws)
     for p in files:
         _check_submittable(ws, p)
@@ -373,6 +393,15 @@ def _check_submittable(ws: Path, path: Path) -> None:
     if size > MAX_FILE:
         raise WorkspaceError(f"{path} is larger than {MAX_FILE // 2**20} MB, more than the grader takes; "
                              "nothing was submitted")
+    if path.suffix == ".ipynb":
+        from .notebook_cells import answer_cells
+
+        try:
+            answer_cells((ws / path).read_bytes())
+        except (ValueError, OSError):
+            raise WorkspaceError(f"{path} is not a notebook Jupyter can open (its answers would score 0): "
+                                 "open it in Jupyter and save it, or move it out of notebooks/ to submit "
+                                 "without it; nothing was submitted") from None
 
 
 def _as_the_grader_reads_it(archive: Path) -> None:

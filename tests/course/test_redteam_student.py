@@ -174,7 +174,7 @@ def test_check_shows_a_raised_message_without_its_escapes(ws, capsys):
 
 
 def test_check_in_a_workspace_it_cannot_write_still_gives_its_verdicts(ws, capsys):
-    (ws / ".course" / "progress.tmp").mkdir()  # progress.json cannot be replaced
+    (ws / ".course" / "progress.json").mkdir()  # progress.json cannot be replaced (a folder in its place)
     assert cli.main(["check", "3.5", "--workspace", str(ws)]) == 1
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
@@ -199,3 +199,81 @@ def test_check_with_an_empty_name_runs_nothing_and_says_so(ws, capsys, spec):
     assert cli.main(["check", spec, "--workspace", str(ws)]) == 2
     assert "empty name" in _one_line_error(capsys)
     assert not (ws / ".course" / "progress.json").exists()
+
+
+# -- a tester's findings: what a student made is kept, odd input is one line ---------------------
+
+
+def test_a_workspace_interrupted_half_way_leaves_nothing_and_can_be_made_again(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the workspace was copied left a half-made folder that the next try refused."""
+    import shutil
+
+    dest = tmp_path / "ws"
+    real = shutil.copyfile
+
+    def interrupted(src, dst, *a, **k):
+        if str(dst).endswith(".ipynb"):
+            raise KeyboardInterrupt
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(workspace.shutil, "copyfile", interrupted)
+    assert cli.main(["workspace", str(dest), "--student", "s1"]) == 130
+    assert not dest.exists()
+    monkeypatch.setattr(workspace.shutil, "copyfile", real)
+    assert cli.main(["workspace", str(dest), "--student", "s1"]) == 0
+
+
+def test_set_token_keeps_a_file_of_the_students_named_like_its_temporary(ws):
+    """The token was written through course.tmp, replacing a file of that name."""
+    (ws / "course.tmp").write_text("my notes\n")
+    assert cli.main(["workspace", str(ws), "--set-token", TOKEN_A]) == 0
+    assert (ws / "course.tmp").read_text() == "my notes\n"
+    assert sorted(p.name for p in ws.iterdir() if p.name.startswith(".course.json")) == []
+
+
+def test_submit_takes_files_only(ws, capsys):
+    """A folder named like a module or a notebook was read as a file (a traceback), and a pipe
+    named like a module hung submit: neither is a file to submit."""
+    import os
+    import zipfile
+
+    (ws / "attn_tensors" / "weird.py").mkdir()
+    (ws / "notebooks" / "ch11.ipynb").mkdir()
+    os.mkfifo(ws / "attn_tensors" / "pipe.py")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 0, capsys.readouterr().err
+    (archive,) = (ws / "submissions").iterdir()
+    names = zipfile.ZipFile(archive).namelist()
+    assert "attn_tensors/statmech.py" in names
+    assert not {"attn_tensors/weird.py", "notebooks/ch11.ipynb", "attn_tensors/pipe.py"} & set(names)
+
+
+def test_submit_beside_a_file_named_submissions_is_one_line(ws, capsys):
+    (ws / "submissions").write_text("my list\n")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    assert "is a file, where submissions are kept" in _one_line_error(capsys)
+    assert (ws / "submissions").read_text() == "my list\n"
+
+
+@pytest.mark.parametrize("text", [b"{not json", b"", b"[]", b'{"cells": 3}'])
+def test_submit_refuses_a_notebook_the_grader_cannot_read(ws, capsys, text):
+    (ws / "notebooks" / "ch03.ipynb").write_bytes(text)
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    line = _one_line_error(capsys)
+    assert "notebooks/ch03.ipynb is not a notebook Jupyter can open" in line and "nothing was submitted" in line
+    assert not list((ws / "submissions").iterdir())
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--out", ""], "--out needs an archive name"),
+    (["--out", "{tmp}/mine.txt"], "an archive's name ends in .zip"),
+    (["--out", "{tmp}/nodir/mine.zip"], "there is no folder"),
+    (["--workspace", ""], "--workspace needs a folder"),
+    (["--workspace", "{tmp}/nowhere"], "no such folder"),
+])
+def test_submit_with_odd_options_is_one_line(ws, tmp_path, capsys, args, words):
+    args = [a.format(tmp=tmp_path) for a in args]
+    if "--workspace" not in args:
+        args += ["--workspace", str(ws)]
+    assert cli.main(["submit", *args]) == 2
+    assert words in _one_line_error(capsys)
+    assert not (tmp_path / "mine.txt").exists() and not (tmp_path / "nodir").exists()
