@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -263,12 +264,37 @@ def _eager(fn: Any, probe: Any, inputs: dict[str, Any], exercise: str = "") -> d
         return _failure(err, "jax", exercise)
 
 
+class _PackageOnly:
+    """A finder, first on ``sys.meta_path``: a module of ``attn_tensors`` is found in the loaded
+    package's folder or not at all.  An editable install of the course (``pip install -e``, a
+    clone) maps ``attn_tensors.*`` to the reference library's files, so a module the student
+    deleted was imported from the reference, and ``check`` passed exercises never written."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if not fullname.startswith("attn_tensors."):
+            return None
+        parent = sys.modules.get(fullname.rpartition(".")[0])
+        where = list(getattr(parent, "__path__", None) or [])
+        if not all(Path(p).resolve().is_relative_to(self.folder) for p in where):
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, where)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return spec
+
+
 def load_package(folder: str | Path) -> Any:
-    """Import ``folder/attn_tensors`` as ``attn_tensors``, whatever else is installed."""
+    """Import ``folder/attn_tensors`` as ``attn_tensors``, whatever else is installed
+    (its modules from that folder only, :class:`_PackageOnly`)."""
     folder = Path(folder).resolve()
     init = folder / "attn_tensors" / "__init__.py"
     for name in [m for m in sys.modules if m == "attn_tensors" or m.startswith("attn_tensors.")]:
         del sys.modules[name]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PackageOnly)]
+    sys.meta_path.insert(0, _PackageOnly(folder))
     sys.path.insert(0, str(folder))
     spec = importlib.util.spec_from_file_location(
         "attn_tensors", init, submodule_search_locations=[str(init.parent)]

@@ -277,3 +277,27 @@ def test_submit_with_odd_options_is_one_line(ws, tmp_path, capsys, args, words):
     assert cli.main(["submit", *args]) == 2
     assert words in _one_line_error(capsys)
     assert not (tmp_path / "mine.txt").exists() and not (tmp_path / "nodir").exists()
+
+
+def test_a_module_the_student_deleted_is_not_found_in_the_reference(ws, capsys):
+    """Where the course is installed editable (a clone), ``attn_tensors.*`` resolved to the reference
+    library's files: a workspace without masking.py passed exercise 7.2 in ``check``, and the grader,
+    which fills in the stub, gave it 0.  A module is found in the workspace's package or not at all."""
+    import subprocess
+    import sys
+
+    from attn_course import ROOT
+
+    (ws / "attn_tensors" / "masking.py").unlink()
+    probe = ("import sys; from attn_course.worker import load_package; load_package(sys.argv[1])\n"
+             "import importlib, attn_tensors\n"
+             "print(attn_tensors.__file__)\n"
+             "try:\n    importlib.import_module('attn_tensors.masking')\nexcept ModuleNotFoundError:\n"
+             "    print('not found')\nelse:\n    print('found at', sys.modules['attn_tensors.masking'].__file__)\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(ws)], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.splitlines()
+    assert first == str(ws / "attn_tensors" / "__init__.py") and second == "not found", out.stdout
+    assert cli.main(["check", "7.2", "--workspace", str(ws)]) == 1
+    assert "PASS" not in capsys.readouterr().out
