@@ -18,7 +18,7 @@ from typing import Callable
 from . import values
 from .diagnose import Diagnosis, Known, explain
 from .registry import CHAPTERS, Case, Exercise, all_exercises
-from .runner import Programs, package_files, run_worker
+from .runner import SETUP_TIMEOUT, Programs, package_files, run_worker
 from . import sandbox
 from .sandbox import Limits
 from .scoring import CaseResult, ExerciseResult, Outcome, Status, grade, stubbed_exercises
@@ -232,6 +232,10 @@ def _case_lines(r: ExerciseResult, limit_s: float | None, shared: str) -> list[s
     """The cases of a failing exercise; one line when all fail for the same reason."""
     e = r.exercise
     if r.status == Status.TIMEOUT:
+        if r.cases and r.cases[0].message == SETUP_TIMEOUT:  # (the runner's words, never the student's)
+            limit = f"the {limit_s:g} s limit" if limit_s else "its time limit"
+            return [f"        importing your attn_tensors ran past {limit} before exercise {e.id} could start: "
+                    "code at a module's top level (outside any function) never ends; grading stops it the same way"]
         return [f"        {_limit_words(e, limit_s)}"]
     if shared:
         n = len(r.cases)

@@ -37,6 +37,8 @@ def package_files(package: Path) -> dict[str, str]:
             if "__pycache__" not in p.parts and p.is_file()}  # (a folder or a pipe named *.py is no module)
 
 
+SETUP_TIMEOUT = ("stopped at the time limit before any exercise started: importing attn_tensors "
+                 "(the code at a module's top level) or the notebook's set-up never ended")
 COMPILING = "(the job's program)"  # what runs between a JAX job's tracing and its results
 
 
@@ -278,6 +280,12 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         if verdict.status == "budget":
             for ex, _ in left:
                 raw[ex.id] = [verdict]
+            break
+        if verdict.status == "timeout" and current is None:
+            # nothing had started: the package's import (a module's top-level code) or a notebook's
+            # set-up never ended, and would not for any exercise run again alone (each its limit)
+            for ex, _ in left:
+                raw[ex.id] = [Outcome.failure("timeout", SETUP_TIMEOUT)]
             break
         if len(unfinished) > 1 and ((verdict.status == "crashed" and not stopped) or gone or current not in unfinished):
             # The job or its server died, or the server did not answer a stop: the last lines the

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from attn_course import cli, workspace
-from attn_course.registry import all_exercises
+from attn_course.registry import all_exercises, select
 from attn_course.sandbox import GRADING_LIMITS
 
 from test_student_path import ANSWER_3_1, course
@@ -184,6 +184,32 @@ def test_the_time_limit_is_grading_s(ws, monkeypatch, capsys):
     assert "exercise 3.2 ran past the 2 s limit" in out, out
     assert re.search(r"^3\.2 +\.\.\. ran past the 2 s limit$", err, re.M), err
     assert "[ TODO] Exercise 3.1" in out and "[ TODO] Exercise 3.3" in out  # the others still ran
+
+
+def test_a_loop_at_import_is_named_and_waited_for_once(ws, monkeypatch, capsys):
+    """A loop at a module's top level: each exercise of the chapter ran again alone and waited for
+    the limit (about 33 s each, a tester's finding), and check blamed the first exercise.  One job
+    waits for it; every exercise says the import never ended."""
+    from attn_course import runner, sandbox
+
+    short = dataclasses.replace(GRADING_LIMITS, per_exercise_s=2.0)
+    monkeypatch.setattr(sandbox, "GRADING_LIMITS", short)
+    jobs = []
+    real = runner.WorkerServer.submit
+
+    def counted(self, job, *a, **k):
+        jobs.append(len(job.get("exercises", [])))
+        return real(self, job, *a, **k)
+
+    monkeypatch.setattr(runner.WorkerServer, "submit", counted)
+    _replace_stub(ws, "statmech", "3.1", ANSWER_3_1)
+    path = ws / "attn_tensors" / "statmech.py"
+    path.write_text(path.read_text() + "\nwhile True:\n    pass\n")
+    assert cli.main(["check", "3", "--workspace", str(ws)]) == 1
+    out, err = capsys.readouterr()
+    assert "importing your attn_tensors ran past the 2 s limit before exercise 3.1 could start" in out, out
+    assert "[ TODO] Exercise 3.2" in out  # (its stub is still there: not implemented yet, as before)
+    assert jobs == [len(select("3"))], jobs  # one job, of every exercise: none ran again alone
 
 
 def test_grading_and_check_share_the_limit(tmp_path):
