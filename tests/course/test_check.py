@@ -212,6 +212,17 @@ def test_a_loop_at_import_is_named_and_waited_for_once(ws, monkeypatch, capsys):
     assert jobs == [len(select("3"))], jobs  # one job, of every exercise: none ran again alone
 
 
+def test_a_syntax_error_in_a_module_of_untouched_exercises_is_said(ws, capsys):
+    """A module that does not import, whose exercises are all stubs still: each said "not
+    implemented yet", and the syntax error was nowhere (a tester's finding)."""
+    path = ws / "attn_tensors" / "statmech.py"
+    path.write_text(path.read_text() + "\n\ndef oops(:\n    pass\n")
+    assert cli.main(["check", "3.2", "--workspace", str(ws)]) == 1
+    out = capsys.readouterr().out
+    assert "SyntaxError" in out and "statmech.py" in out, out
+    assert "not implemented yet" not in out, out
+
+
 def test_grading_and_check_share_the_limit(tmp_path):
     from attn_course.grade import Grader
 
