@@ -15,6 +15,12 @@ from typing import Any
 
 import numpy as np
 
+
+class NotPlainValue(TypeError):
+    """What a submission's function returned is not a plain array of numbers (a list, a string, an
+    object): the case's outcome is ``bad_value``, whoever finds it (the worker reading a result,
+    an exercise's probe reading one)."""
+
 ALLOWED_DTYPES = {"bool", "int32", "int64", "float16", "float32", "float64"}
 _SPECIAL = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 

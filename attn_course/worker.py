@@ -25,6 +25,7 @@ mixes the two frameworks is reported as :class:`BackendMismatch`, with the fix.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import importlib.machinery
@@ -74,8 +75,7 @@ def to_backend(value: Any, backend: str = "jax") -> Any:
     return value
 
 
-class NotPlainValue(TypeError):
-    pass
+NotPlainValue = values.NotPlainValue  # (its home is values: an exercise's probe raises it too)
 
 
 class BackendMismatch(TypeError):
@@ -160,7 +160,9 @@ def flatten(result: Any, where: str = "the result", backend: str | None = None) 
         return {str(k): _array(v, f"{where}[{k!r}]", backend) for k, v in result.items()}
     if isinstance(result, tuple) and hasattr(result, "_fields"):
         return {f: _array(getattr(result, f), f"{where}.{f}", backend) for f in result._fields}
-    if isinstance(result, (tuple, list)):
+    if isinstance(result, list):  # (a tuple holds several results; a list is numbers not made an array)
+        raise NotPlainValue(f"{where} is a Python list, expected an array: make it one with xp.asarray")
+    if isinstance(result, tuple):
         return {str(i): _array(v, f"{where}[{i}]", backend) for i, v in enumerate(result)}
     return {"value": _array(result, where, backend)}
 
@@ -563,6 +565,20 @@ def import_failure(err: BaseException) -> str:
     return f"{PACKAGE_DOES_NOT_IMPORT}: {_located(err)}"[:MAX_MESSAGE]
 
 
+def _no_list(fn: Callable) -> Callable:
+    """``fn``, whose result is refused where it is a Python list (numbers not made an array): the
+    probes read the result as an array, and a list was their AttributeError ('list' object has no
+    attribute 'size'), a symptom; this says what it is, wherever the probe calls it."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if isinstance(out, list):
+            raise NotPlainValue("the result is a Python list, expected an array: make it one with xp.asarray")
+        return out
+
+    return call
+
+
 def run_job(job: dict, package: Path, out) -> None:
     """Each exercise of the job on the package; one JSON line per exercise to ``out``.
 
@@ -598,9 +614,10 @@ def run_job(job: dict, package: Path, out) -> None:
             return None, load_error
         if from_notebook is not None:
             line({"start": ex_id})  # its answer cells run now
-            return from_notebook.function(ex_id)
+            fn, error = from_notebook.function(ex_id)
+            return (_no_list(fn) if callable(fn) else fn), error
         try:
-            return resolve(exercises[ex_id].function), None
+            return _no_list(resolve(exercises[ex_id].function)), None
         except BaseException as err:  # noqa: BLE001
             return None, f"cannot import attn_tensors.{exercises[ex_id].function}: {_located(err)}"
 

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..values import NotPlainValue
+
 
 def _is_mlx(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "mlx"
@@ -103,7 +105,10 @@ def value_and_grads(f: Callable, x: Any, losses: list[Callable]) -> tuple[Any, l
 
 
 def itemsize(x: Any) -> int:
-    """Bytes per element of an array of either backend (or NumPy)."""
+    """Bytes per element of an array of either backend (or NumPy); a result that has no dtype (a
+    list, a number) is not an array, said as such (not as an AttributeError of this probe's)."""
+    if not hasattr(x, "dtype"):
+        raise NotPlainValue(f"the result is a {type(x).__name__[:60]}, expected an array (with a dtype)")
     if _is_mlx(x):
         return int(x.dtype.size)
     return int(np.dtype(x.dtype).itemsize)

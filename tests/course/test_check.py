@@ -223,6 +223,25 @@ def test_a_syntax_error_in_a_module_of_untouched_exercises_is_said(ws, capsys):
     assert "not implemented yet" not in out, out
 
 
+def test_a_python_list_for_an_array_is_said(ws, capsys):
+    """A list returned for an array named a symptom ('the result[0] is a list'); it says it is a list."""
+    _replace_stub(ws, "statmech", "3.1", "    return [S[..., 0], S[..., 0]]\n")
+    assert cli.main(["check", "3.1", "--workspace", str(ws)]) == 1
+    out = capsys.readouterr().out
+    assert "is a Python list, expected an array" in out and "result[0]" not in out, out
+
+
+def test_a_probe_that_needs_a_dtype_says_a_list_has_none():
+    """7.4's probe read the result's dtype: a list was the probe's own AttributeError."""
+    from attn_course.specs._gen import itemsize
+    from attn_course.worker import _failure
+
+    with pytest.raises(TypeError) as err:
+        itemsize([0.5, 0.25])
+    out = _failure(err.value)
+    assert out["status"] == "bad_value" and "the result is a list, expected an array" in out["message"], out
+
+
 def test_grading_and_check_share_the_limit(tmp_path):
     from attn_course.grade import Grader
 
