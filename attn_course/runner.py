@@ -386,14 +386,14 @@ def fill_worker_cache(items: list[tuple[Exercise, list[Case]]]) -> None:
 
     jax.config.update("jax_enable_x64", True)
     from . import result_cache
-    from .worker import JobItem, evaluate_job, resolve
+    from .worker import JobItem, as_graded, evaluate_job, resolve
     from .xla_cache import compile_cache, worker_cache_dir, worker_keys
 
     def compute() -> list:
         job = [JobItem(ex.id, ex.probe, [c.inputs for c in cases], [c.eager for c in cases]) for ex, cases in items]
         functions = {ex.id: ex.function for ex, _ in items}
         with compile_cache(worker_cache_dir()), worker_keys():
-            evaluate_job(job, lambda ex_id: (resolve(functions[ex_id]), None))
+            evaluate_job(job, lambda ex_id: (as_graded(resolve(functions[ex_id])), None))  # as a job calls it
         return []
 
     parts = _worker_cache_identity() + [[ex.id, ex.function, result_cache.cases_digest(cases)] for ex, cases in items]

@@ -565,10 +565,12 @@ def import_failure(err: BaseException) -> str:
     return f"{PACKAGE_DOES_NOT_IMPORT}: {_located(err)}"[:MAX_MESSAGE]
 
 
-def _no_list(fn: Callable) -> Callable:
+def as_graded(fn: Callable) -> Callable:
     """``fn``, whose result is refused where it is a Python list (numbers not made an array): the
     probes read the result as an array, and a list was their AttributeError ('list' object has no
-    attribute 'size'), a symptom; this says what it is, wherever the probe calls it."""
+    attribute 'size'), a symptom; this says what it is, wherever the probe calls it.  The reference
+    is called so too where its program fills the workers' compilation cache
+    (:func:`attn_course.runner.fill_worker_cache`): the same program as an honest job's."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         out = fn(*args, **kwargs)
@@ -615,9 +617,9 @@ def run_job(job: dict, package: Path, out) -> None:
         if from_notebook is not None:
             line({"start": ex_id})  # its answer cells run now
             fn, error = from_notebook.function(ex_id)
-            return (_no_list(fn) if callable(fn) else fn), error
+            return (as_graded(fn) if callable(fn) else fn), error
         try:
-            return _no_list(resolve(exercises[ex_id].function)), None
+            return as_graded(resolve(exercises[ex_id].function)), None
         except BaseException as err:  # noqa: BLE001
             return None, f"cannot import attn_tensors.{exercises[ex_id].function}: {_located(err)}"
 

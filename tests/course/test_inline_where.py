@@ -27,7 +27,7 @@ from attn_course import ROOT
 from attn_course.inline_where import inline_where
 from attn_course.registry import all_exercises
 from attn_course.sandbox import worker_env
-from attn_course.worker import JobItem, evaluate_job, resolve
+from attn_course.worker import JobItem, as_graded, evaluate_job, resolve
 from attn_course.xla_cache import compile_cache, worker_keys
 from attn_tensors import statmech
 from attn_tensors.softmax import softmax
@@ -112,7 +112,7 @@ log.addHandler(Seen())
 ex = all_exercises()[sys.argv[1]]
 cases = ex.make_cases(True, sys.argv[2])
 item = JobItem(ex.id, ex.probe, [c.inputs for c in cases], [c.eager for c in cases])
-evaluate_job([item], lambda ex_id: (resolve(ex.function), None))
+evaluate_job([item], lambda ex_id: (worker.as_graded(resolve(ex.function)), None))
 print(json.dumps(seen))
 """
 
@@ -125,7 +125,7 @@ def test_a_worker_reads_the_programs_the_trusted_side_compiled(tmp_path):
     item = JobItem(ex.id, ex.probe, [c.inputs for c in cases], [c.eager for c in cases])
     jnp.ones(1).block_until_ready()  # this process's backend has started (and read its XLA_FLAGS)
     with compile_cache(cache), worker_keys():  # as runner.fill_worker_cache fills the workers' cache
-        evaluate_job([item], lambda ex_id: (resolve(ex.function), None))
+        evaluate_job([item], lambda ex_id: (as_graded(resolve(ex.function)), None))
     assert any(p.name.startswith("jit_together-") for p in cache.iterdir())
     env = {**worker_env(str(tmp_path), cache), "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", WORKER, EXERCISE, SECRET], env=env, cwd=tmp_path,
