@@ -230,6 +230,10 @@ def find(start: Path | None = None) -> Path:
     for folder in (here, *here.parents):
         if (folder / "course.json").exists() and (folder / "attn_tensors").is_dir():
             return folder
+        if (folder / "course.json").exists():
+            raise WorkspaceError(
+                f"{folder} has its course.json but no attn_tensors/ folder (your library): put it back, "
+                "or make a new workspace with `attn-course workspace DIR --student ID` and copy your work in")
     raise WorkspaceError(
         f"{here} is not inside a workspace (no course.json); create one with "
         "`attn-course workspace DIR --student ID`, or pass --workspace DIR"

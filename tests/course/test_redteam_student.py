@@ -301,3 +301,13 @@ def test_a_module_the_student_deleted_is_not_found_in_the_reference(ws, capsys):
     assert first == str(ws / "attn_tensors" / "__init__.py") and second == "not found", out.stdout
     assert cli.main(["check", "7.2", "--workspace", str(ws)]) == 1
     assert "PASS" not in capsys.readouterr().out
+
+
+def test_a_workspace_without_its_library_says_so(ws, capsys):
+    """A workspace whose attn_tensors/ was deleted was said to have 'no course.json'."""
+    import shutil
+
+    shutil.rmtree(ws / "attn_tensors")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    line = _one_line_error(capsys)
+    assert "has its course.json but no attn_tensors/ folder" in line and "no course.json" not in line
