@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from .registry import Case, Exercise
+from .values import CANNOT_IMPORT, PACKAGE_DOES_NOT_IMPORT
 
 if TYPE_CHECKING:
     from .diagnose import Diagnosis
@@ -375,7 +376,7 @@ def _not_importable(got: list[Outcome]) -> bool:
     """Every case says its function could not be imported (a syntax error in its module, say):
     that is said, not hidden behind "not implemented yet" for a stub still in the source."""
     return bool(got) and all(o.status == "raised" and o.type == "ImportError"
-                             and o.message.startswith(("cannot import attn_tensors.", "the package does not import"))
+                             and o.message.startswith((CANNOT_IMPORT, PACKAGE_DOES_NOT_IMPORT))
                              for o in got)
 
 

@@ -15,6 +15,10 @@ from typing import Any
 
 import numpy as np
 
+# the worker's words where a submission's code cannot be imported (the scoring recognises them)
+PACKAGE_DOES_NOT_IMPORT = "the package does not import"
+CANNOT_IMPORT = "cannot import attn_tensors."  # followed by the exercise's module.function
+
 
 class NotPlainValue(TypeError):
     """What a submission's function returned is not a plain array of numbers (a list, a string, an

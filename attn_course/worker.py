@@ -160,9 +160,7 @@ def flatten(result: Any, where: str = "the result", backend: str | None = None) 
         return {str(k): _array(v, f"{where}[{k!r}]", backend) for k, v in result.items()}
     if isinstance(result, tuple) and hasattr(result, "_fields"):
         return {f: _array(getattr(result, f), f"{where}.{f}", backend) for f in result._fields}
-    if isinstance(result, list):  # (a tuple holds several results; a list is numbers not made an array)
-        raise NotPlainValue(f"{where} is a Python list, expected an array: make it one with xp.asarray")
-    if isinstance(result, tuple):
+    if isinstance(result, (tuple, list)):
         return {str(i): _array(v, f"{where}[{i}]", backend) for i, v in enumerate(result)}
     return {"value": _array(result, where, backend)}
 
@@ -523,7 +521,7 @@ class _Notebook:
         self.found[ex.id] = (fn, error)
 
 
-PACKAGE_DOES_NOT_IMPORT = "the package does not import"
+PACKAGE_DOES_NOT_IMPORT = values.PACKAGE_DOES_NOT_IMPORT
 
 
 def _package_path(filename: str) -> str:
@@ -621,7 +619,7 @@ def run_job(job: dict, package: Path, out) -> None:
         try:
             return as_graded(resolve(exercises[ex_id].function)), None
         except BaseException as err:  # noqa: BLE001
-            return None, f"cannot import attn_tensors.{exercises[ex_id].function}: {_located(err)}"
+            return None, f"{values.CANNOT_IMPORT}{exercises[ex_id].function}: {_located(err)}"
 
     def report(ex_id: str, results: list[dict]) -> None:
         line({"id": ex_id, "results": values.encode(results)})
