@@ -195,6 +195,7 @@ def graded(tmp_path_factory):
     return g, by_archive, out
 
 
+@functools.cache
 def _names_sharing_8_digits() -> tuple[str, str]:
     """Two archive names, 80 characters in common, whose SHA-256 share the first 8 hex digits
     (a birthday search: about 2**16 names)."""
