@@ -414,6 +414,7 @@ def build_archive(path: Path, student_id: str, files: dict[str, bytes], assignme
 
 def library_files(folder: Path) -> dict[str, bytes]:
     """``attn_tensors/**/*.py`` of a folder, as archive members."""
+    from .source_tree import walk
+
     folder = Path(folder)
-    return {str(p.relative_to(folder)): p.read_bytes()
-            for p in sorted((folder / "attn_tensors").rglob("*.py")) if "__pycache__" not in p.parts}
+    return {str(p): (folder / p).read_bytes() for p in walk(folder).modules}

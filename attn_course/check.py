@@ -29,14 +29,28 @@ from .workspace import library_digest
 
 
 def _read_cases(cases_dir: Path, exercises: list[Exercise]) -> dict:
+    """The public cases of ``exercises`` from ``cases_dir/chNN.json``; a file that is missing or
+    damaged is named with the way to restore it (the course ships every chapter's file)."""
+    import shlex
+
+    from . import RELEASE_LIBRARY
+
+    def missing(ch: int, what: str) -> FileNotFoundError:
+        shipped = RELEASE_LIBRARY / "cases" / f"ch{ch:02d}.json"
+        return FileNotFoundError(f"{what}; copy the course's own back with `cp {shlex.quote(str(shipped))} "
+                                 f"{shlex.quote(str(cases_dir))}/` (mkdir -p it first if it is gone)")
+
     data = {}
     for ch in sorted({e.chapter for e in exercises}):
         path = Path(cases_dir) / f"ch{ch:02d}.json"
         if path.exists():
-            data.update(json.loads(path.read_text()))
+            try:
+                data.update(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):  # (TypeError: JSON that is not an object)
+                raise missing(ch, f"{path} cannot be read as public cases") from None
     for e in exercises:
         if e.id not in data:
-            raise FileNotFoundError(f"no public cases for exercise {e.id} in {cases_dir}")
+            raise missing(e.chapter, f"no public cases for exercise {e.id} in {cases_dir}")
     return data
 
 

@@ -23,6 +23,7 @@ from .registry import Case, Exercise
 from .sandbox import Limits
 from .scoring import CaseResult, Outcome, grade
 from .server import Done, ServerError, StartError, Stopped, WorkerServer
+from .source_tree import walk
 
 # the first exercise of a job also starts JAX's backend (a server's own start, and its warm-up after a
 # job, are before the job's clock: WorkerServer.ready_for_job)
@@ -32,9 +33,8 @@ FIRST_EXERCISE_GRACE_S = 3.0
 def package_files(package: Path) -> dict[str, str]:
     """``attn_tensors/**/*.py`` of a folder, as the job's files."""
     package = Path(package)
-    return {str(p.relative_to(package)): p.read_text(errors="replace")
-            for p in sorted((package / "attn_tensors").rglob("*.py"))
-            if "__pycache__" not in p.parts and p.is_file()}  # (a folder or a pipe named *.py is no module)
+    return {str(p): (package / p).read_text(errors="replace") for p in walk(package).modules
+            if (package / p).is_file()}  # (a link that leads nowhere is no module)
 
 
 SETUP_TIMEOUT = ("stopped at the time limit before any exercise started: importing attn_tensors "

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from . import EXERCISES, RELEASE_LIBRARY
 from .identity import STUDENT_ID, IdentityError, format_token, valid_student_id  # noqa: F401 (STUDENT_ID re-exported)
 from .registry import CHAPTERS, all_exercises
 from .results import atomic_write
+from .source_tree import walk
 
 ASSIGNMENT = "attn-tensors-library"
 FORMAT = 1
@@ -298,20 +298,21 @@ def sha256(path: Path) -> str:
 
 
 def submission_files(workspace: Path) -> list[Path]:
+    """What ``submit`` packs: the modules and the notebooks (:func:`attn_course.source_tree.walk`:
+    regular files, links to files in the workspace, and links that lead nowhere, which
+    :func:`_check_submittable` names; a folder or a pipe named like a module is no module).
+    A link to a folder or out of the workspace is refused by name: the grader would never see
+    the files it leads to as the student does, and a file from elsewhere on the student's
+    machine is not sent without their knowing."""
     ws = Path(workspace)
-    files = sorted(p for p in (ws / "attn_tensors").rglob("*.py") if "__pycache__" not in p.parts)
-    files += sorted((ws / "notebooks").glob("*.ipynb")) if (ws / "notebooks").is_dir() else []
-    return [p.relative_to(ws) for p in files if _file_or_unreadable(p)]
-
-
-def _file_or_unreadable(path: Path) -> bool:
-    """Whether ``path`` is submitted: a regular file, or a link that leads nowhere (which
-    :func:`_check_submittable` names).  A folder named like a module is no module, and a pipe
-    would never end a read: neither is taken."""
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return True
+    modules, notebooks = walk(ws), walk(ws, "notebooks", ".ipynb", recurse=False)
+    for link in modules.links + notebooks.links:
+        target = os.path.realpath(ws / link)
+        raise WorkspaceError(f"{link.as_posix()!r:.120} is a link to {target!r:.120}, "
+                             f"{'a folder' if os.path.isdir(target) else 'outside the workspace'}: "
+                             "the grader takes files themselves; copy it in place of the link, or move "
+                             "the link out (nothing was submitted)")
+    return modules.modules + notebooks.modules
 
 
 def submit(workspace: Path, out: Path | None = None) -> Path:

@@ -247,6 +247,67 @@ def test_submit_takes_files_only(ws, capsys):
     assert not {"attn_tensors/weird.py", "notebooks/ch11.ipynb", "attn_tensors/pipe.py"} & set(names)
 
 
+def test_submit_refuses_links_to_folders_and_out_of_the_workspace(ws, tmp_path, capsys):
+    """A link in the library was followed: one to a folder walked it (a link to / walked the
+    whole machine), one to a file elsewhere sent that file to the grader unseen."""
+    (tmp_path / "diary.py").write_text("SECRET = 'my diary'\n")
+    (ws / "attn_tensors" / "everything").symlink_to("/")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    line = _one_line_error(capsys)
+    assert "attn_tensors/everything" in line and "a folder" in line
+    (ws / "attn_tensors" / "everything").unlink()
+    (ws / "attn_tensors" / "diary.py").symlink_to(tmp_path / "diary.py")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    line = _one_line_error(capsys)
+    assert "attn_tensors/diary.py" in line and "outside the workspace" in line
+    (ws / "notebooks" / "diary.ipynb").symlink_to(tmp_path / "diary.py")
+    (ws / "attn_tensors" / "diary.py").unlink()
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    assert "notebooks/diary.ipynb" in _one_line_error(capsys)
+    assert not (ws / "submissions").exists() or not any((ws / "submissions").iterdir())
+
+
+def test_a_link_to_a_file_in_the_workspace_is_submitted_as_that_file(ws, capsys):
+    import zipfile
+
+    (ws / "my_helpers.py").write_text("HELPER = 1\n")
+    (ws / "attn_tensors" / "helpers.py").symlink_to("../my_helpers.py")
+    assert cli.main(["submit", "--workspace", str(ws)]) == 0, capsys.readouterr().err
+    (archive,) = (ws / "submissions").iterdir()
+    assert zipfile.ZipFile(archive).read("attn_tensors/helpers.py") == b"HELPER = 1\n"
+
+
+def test_check_reads_no_module_through_a_link_to_a_folder(ws):
+    from attn_course.runner import package_files
+
+    (ws / "attn_tensors" / "everything").symlink_to("/")
+    (ws / "attn_tensors" / "loop").symlink_to(".")
+    files = package_files(ws)
+    assert "attn_tensors/statmech.py" in files
+    assert not [name for name in files if name.startswith(("attn_tensors/everything/", "attn_tensors/loop/"))]
+
+
+@pytest.mark.parametrize("damage", ["delete", b"{not json", b"3"])
+def test_check_without_its_public_cases_says_how_to_restore_them(ws, capsys, damage):
+    import shutil
+    import subprocess
+
+    cases = ws / ".course" / "cases"
+    if damage == "delete":
+        shutil.rmtree(ws / ".course")
+    else:
+        (cases / "ch03.json").write_bytes(damage)
+    assert cli.main(["check", "--workspace", str(ws), "3.1"]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("attn-course: ") and "ch03.json" in line
+    restore = re.search(r"`(cp .*?)`", line).group(1)
+    cases.mkdir(parents=True, exist_ok=True)
+    subprocess.run(restore, shell=True, check=True)
+    assert json.loads((cases / "ch03.json").read_text())["3.1"]
+
+
 def test_submit_beside_a_file_named_submissions_is_one_line(ws, capsys):
     (ws / "submissions").write_text("my list\n")
     assert cli.main(["submit", "--workspace", str(ws)]) == 2
