@@ -95,11 +95,12 @@ class TaskConfig:
     notebooks: bool
     fingerprint: str
     backend: str = "jax"  # "jax", "mlx" or "both", as the grader's --backend
+    unconfined: bool = False  # the archives are trusted: graded even where limits only reach the worker's files
 
     @classmethod
     def of(cls, g: "Grader") -> "TaskConfig":
         return cls(g.spec, g.limits, g.use_bwrap, g.ci_secret, g.roster,
-                   g.require_token, g.notebooks, g.fingerprint, g.backend)
+                   g.require_token, g.notebooks, g.fingerprint, g.backend, g.unconfined)
 
     def key(self) -> str:
         return hashlib.sha256(pickle.dumps(self)).hexdigest()
@@ -149,6 +150,13 @@ class _WorkerGrader:
             # notebook code never runs with limits only
             raise WorkerRefused(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) has no working "
                                 "bubblewrap, which --notebooks needs", _this_worker())
+        if not config.unconfined:
+            from .sandbox import unconfined_reach
+
+            reach = unconfined_reach(config.use_bwrap)
+            if reach:  # (a worker that joined after DaskPool.check_workers looked)
+                raise WorkerRefused(f"the Dask worker {os.uname().nodename} (pid {os.getpid()}) would run the "
+                                    f"archives' code with limits only {reach} (no --unconfined)", _this_worker())
         self.grader.prepare()
         try:
             self.grader.start_workers()
@@ -384,21 +392,30 @@ class DaskPool:
 
     def _check_sandboxes(self) -> None:
         """As locally (:func:`~attn_course.grade.main_grade`): without a working bubblewrap on a
-        worker, ``--notebooks`` is refused (notebook code is not run with limits only) and a
-        library-only batch goes on with a warning; ``--no-bwrap`` (``use_bwrap`` False) asks for
-        limits only.  Before, a worker without bubblewrap ran notebooks with limits, silently."""
-        if self.config.use_bwrap is not None:
-            return
-        kinds = self._on_every_worker(worker_sandbox, None)
+        worker (or with ``--no-bwrap``), ``--notebooks`` is refused (notebook code is not run with
+        limits only), and so is a library batch where a worker's jobs would reach the worker's own
+        files (:func:`~attn_course.sandbox.unconfined_reach`: not as users of their own), unless
+        the instructor trusts the archives (``--unconfined``); elsewhere it goes on with a
+        warning.  Before, a worker without bubblewrap ran notebooks with limits, silently."""
+        kinds = self._on_every_worker(worker_sandbox, self.config.use_bwrap)
         limited = sorted(w for w, kind in kinds.items() if kind != "bubblewrap")
         if not limited:
             return
-        which = f"{len(limited)} of {len(kinds)} Dask workers (e.g. {limited[0]}) have no working bubblewrap"
+        without = "have no working bubblewrap" if self.config.use_bwrap is None else "grade with --no-bwrap"
+        which = f"{len(limited)} of {len(kinds)} Dask workers (e.g. {limited[0]}) {without}"
         if self.config.notebooks:
             raise ClusterError(f"--notebooks needs bubblewrap: {which}; notebook code is not run without it "
                                "(install the Debian package bubblewrap on the worker nodes)")
-        from .sandbox import limits_only_reach
+        from .sandbox import limits_only_reach, unconfined_reach
 
+        reaches = self._on_every_worker(unconfined_reach, self.config.use_bwrap)
+        open_ = sorted(w for w, reach in reaches.items() if reach)
+        if open_ and not self.config.unconfined:
+            raise ClusterError(
+                f"{len(open_)} of {len(kinds)} Dask workers (e.g. {open_[0]}) would run the archives' code with "
+                f"limits only {terminal(str(reaches[open_[0]]), 600)}: install the Debian package bubblewrap "
+                "on the worker nodes, or start the workers as root (the jobs then run as users of their own); "
+                "--unconfined grades anyway, for archives you trust")
         # in the first such worker's own words (as a user of its own, or as root and why)
         reach = self.client.run(limits_only_reach, workers=limited[:1], on_error="return").get(limited[0])
         words = terminal(reach, 600) if isinstance(reach, str) else "and can read what the workers' user can read"

@@ -108,8 +108,10 @@ class Grader:
     def __init__(self, out: Path | None, spec: str = "all", jobs: int = 2, limits: Limits | None = None,
                  use_bwrap: bool | None = None, log=print, ci_secret: bool = False,
                  roster=None, require_token: bool = True, notebooks: bool = False, backend: str = "jax",
-                 scheduler: str | None = None, late=None):
-        """``out`` None: a grader that only grades archives (on a Dask worker), writing nothing."""
+                 scheduler: str | None = None, late=None, unconfined: bool = False):
+        """``out`` None: a grader that only grades archives (on a Dask worker), writing nothing.
+        ``unconfined``: the archives are trusted, and may run where limits only would leave the
+        grader's files in their reach (:func:`attn_course.sandbox.unconfined_reach`)."""
         self.secret = secret(allow_ci=ci_secret)  # refuses before anything is written
         self.fingerprint = secret_fingerprint(self.secret)
         self.ci_secret = ci_secret
@@ -123,6 +125,7 @@ class Grader:
         self.jobs = max(1, jobs)
         self.limits = limits or GRADING_LIMITS
         self.use_bwrap = use_bwrap
+        self.unconfined = unconfined
         self.log = log
         self.roster = roster
         self.require_token = require_token
@@ -555,6 +558,42 @@ def _bad_option(args) -> str | None:
     return setting_problem()
 
 
+def _local_confinement(args, use_bwrap: bool | None) -> str | None:
+    """Why this machine's sandboxes would not confine the archives' code (the refusal), or None;
+    warns about what limits only leave open where they run anyway.
+
+    Without bubblewrap (or with ``--no-bwrap``), notebook code is never run, and library code
+    only where the jobs run as users of their own (:func:`attn_course.sandbox.unconfined_reach`)
+    or the instructor says the archives are trusted (``--unconfined``)."""
+    from .sandbox import (hidden_course_copies, limited_as_own_users, limits_only_reach, readable_by_all,
+                          unconfined_reach, uses_bwrap, worker_site_dirs)
+
+    if uses_bwrap(use_bwrap):
+        return None
+    why = "bubblewrap is not available (the Debian package bubblewrap)" if use_bwrap is None else "--no-bwrap"
+    if args.notebooks:
+        return f"--notebooks needs bubblewrap, and {why}: notebook code is not run without it"
+    reach = unconfined_reach(use_bwrap)
+    if reach and not args.unconfined:
+        return (f"{why}, and with limits only the archives' code would run {reach}. Install bubblewrap, or "
+                "grade as root (the jobs then run as users of their own); --unconfined grades anyway, for "
+                "archives you trust. Nothing was graded")
+    if use_bwrap is None:
+        print(f"warning: bubblewrap is not available; workers run with limits only {limits_only_reach()} "
+              "(install the Debian package bubblewrap)", file=sys.stderr)
+    open_to_all = readable_by_all(Path(args.submissions)) if limited_as_own_users() else None
+    if open_to_all:
+        print(f"warning: {terminal(str(open_to_all), 300)} lets every user of this machine read the "
+              "submissions, the jobs too (limits only): chmod 0700 it", file=sys.stderr)
+    installed = [c for c in hidden_course_copies([sys.prefix, sys.base_prefix, *worker_site_dirs()])
+                 if readable_by_all(Path(c))]
+    if installed:  # (bubblewrap hides them; limits only cannot)
+        print(f"warning: an installed copy of the course ({terminal(installed[0], 300)}) holds the "
+              "reference library, and every user may read it, the jobs too (limits only): "
+              "install the course with pip install -e, or install bubblewrap", file=sys.stderr)
+    return None
+
+
 def main_grade(args) -> int:
     if not Path(args.submissions).is_dir():
         raise FileNotFoundError(f"no folder of submissions at {args.submissions}")
@@ -572,32 +611,16 @@ def main_grade(args) -> int:
 
     late = policy_from_options(getattr(args, "deadline", None), getattr(args, "grace", 0.0),
                                getattr(args, "late_penalty", 0.0))
+    use_bwrap = False if args.no_bwrap else None
+    if not getattr(args, "scheduler", None):  # (on a cluster, each worker is asked: DaskPool.check_workers)
+        refusal = _local_confinement(args, use_bwrap)
+        if refusal:
+            print(f"attn-course: {refusal}", file=sys.stderr)
+            return 2
     g = Grader(Path(args.out), args.exercises, jobs=2 if args.jobs is None else args.jobs, limits=limits,
-               use_bwrap=False if args.no_bwrap else None, ci_secret=args.ci_secret, roster=roster,
+               use_bwrap=use_bwrap, ci_secret=args.ci_secret, roster=roster,
                require_token=not args.trust_manifest_ids, notebooks=args.notebooks, backend=args.backend,
-               scheduler=getattr(args, "scheduler", None), late=late)
-    if g.use_bwrap is not False and not g.scheduler:  # on a cluster, each worker decides (and reports)
-        from .sandbox import bwrap_works, limited_as_own_users, limits_only_reach, readable_by_all
-
-        if not bwrap_works():
-            if args.notebooks:
-                print("attn-course: --notebooks needs bubblewrap (the Debian package bubblewrap): "
-                      "notebook code is not run without it", file=sys.stderr)
-                return 2
-            print(f"warning: bubblewrap is not available; workers run with limits only {limits_only_reach()} "
-                  "(install the Debian package bubblewrap)", file=sys.stderr)
-            open_to_all = readable_by_all(Path(args.submissions)) if limited_as_own_users() else None
-            if open_to_all:
-                print(f"warning: {terminal(str(open_to_all), 300)} lets every user of this machine read the "
-                      "submissions, the jobs too (limits only): chmod 0700 it", file=sys.stderr)
-            from .sandbox import hidden_course_copies, worker_site_dirs
-
-            installed = [c for c in hidden_course_copies([sys.prefix, sys.base_prefix, *worker_site_dirs()])
-                         if readable_by_all(Path(c))]
-            if installed:  # (bubblewrap hides them; limits only cannot)
-                print(f"warning: an installed copy of the course ({terminal(installed[0], 300)}) holds the "
-                      "reference library, and every user may read it, the jobs too (limits only): "
-                      "install the course with pip install -e, or install bubblewrap", file=sys.stderr)
+               scheduler=getattr(args, "scheduler", None), late=late, unconfined=args.unconfined)
     if not g.scheduler:  # (on a cluster, each worker is asked: DaskPool.check_workers)
         from .seccomp import filter_problem, unfiltered_warning
 

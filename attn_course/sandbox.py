@@ -803,6 +803,22 @@ def limits_only_reach(as_root: bool | None = None, own_users: bool | None = None
             + "; grade as an ordinary user")
 
 
+def unconfined_reach(use_bwrap: bool | None) -> str | None:
+    """Where grading would run archives' code within reach of the grader's own files: what it
+    could reach, in :func:`limits_only_reach`'s words; None where it could not.
+
+    Bubblewrap (where it works, or where asked) shows a job nothing of the grader's, and limits
+    only as users of their own (a root grader's, :mod:`attn_course.slot_user`) keep it off the
+    grader's files and processes.  Limits only otherwise run it as the grader's user (not root:
+    it could rewrite the gradebook and signal the grader) or as root: the grader refuses such a
+    batch unless told the archives are trusted (``--unconfined``).
+    """
+    if uses_bwrap(use_bwrap):
+        return None
+    reach = limits_only_reach()
+    return None if os.geteuid() == 0 and limited_as_own_users() else reach
+
+
 def bwrap_works() -> bool:
     exe = shutil.which("bwrap")
     if not exe:

@@ -161,6 +161,50 @@ def test_notebooks_need_bubblewrap_on_the_workers_too(secret_env, tmp_path):
                and "(bubblewrap did not start as uid 2100000000: exit status 1)" in line for line in lines), lines
 
 
+# a worker node whose jobs would run with limits only as the worker's own user (not root, no
+# bubblewrap): in its own words
+REACHES_OWN_FILES = '''
+import attn_course.sandbox as _sandbox
+_sandbox.unconfined_reach = lambda use_bwrap: "and can read, write and signal what this user can (as a test)"
+'''
+
+
+def test_workers_whose_jobs_would_reach_their_own_files_are_refused_unless_trusted(secret_env, tmp_path):
+    """A library batch on such workers was graded with a warning: a job could rewrite what the
+    worker's user owns and signal the worker.  Refused now, as locally, unless the archives are
+    trusted (``unconfined``); nothing is graded."""
+    subs = _honest(tmp_path / "submitted", "ok.zip", "on-time")
+    (tmp_path / "reach.py").write_text(REACHES_OWN_FILES)
+    with _cluster(env={"PATH": str(tmp_path / "no-bin")}, preload=[str(tmp_path / "reach.py")]) as c:
+        g = Grader(tmp_path / "out", "3.5", jobs=1, limits=LIMITS, log=lambda *a: None,
+                   scheduler=c.scheduler_address)
+        with pytest.raises(ClusterError, match=r"1 of 1 Dask workers \(e.g. .*\) would run the archives' code "
+                                               r"with limits only and can read, write and signal .*--unconfined"):
+            g.run(subs)
+        assert not list((tmp_path / "out").glob("results/*.json"))
+        lines: list[str] = []
+        trusted = Grader(tmp_path / "trusted", "3.5", jobs=1, limits=LIMITS, log=lines.append, unconfined=True)
+        pool = DaskPool(c.scheduler_address, trusted)
+        try:
+            assert pool.check_workers() == 1
+        finally:
+            pool.shutdown()
+    assert any(line.startswith("warning: 1 of 1 Dask workers") and "limits only" in line for line in lines), lines
+
+
+def test_a_worker_whose_jobs_would_reach_its_own_files_refuses_a_task(secret_env, tmp_path, monkeypatch):
+    """The same rule on the worker itself, for one that joins after the grader's check."""
+    from attn_course import dask_pool, sandbox
+
+    subs = _honest(tmp_path / "submitted", "ok.zip", "on-time")
+    g = Grader(tmp_path / "out", "3.5", jobs=1, limits=LIMITS, log=lambda *a: None)
+    monkeypatch.setattr(sandbox, "unconfined_reach", lambda use_bwrap: "and can read, write and signal (a test)")
+    config = dask_pool.TaskConfig.of(g)
+    with pytest.raises(ClusterError, match="would run the archives' code with limits only and can read"):
+        dask_pool.grade_task(config, "ok.zip", (subs / "ok.zip").read_bytes(), 0.0)
+    assert config.key() not in dask_pool._GRADERS
+
+
 @pytest.mark.parametrize("jobs", ["0", "-3"])
 def test_jobs_below_one_is_refused(secret_env, tmp_path, capsys, jobs):
     subs = _honest(tmp_path / "submitted", "ok.zip", "on-time")
