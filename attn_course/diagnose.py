@@ -69,11 +69,17 @@ class Diagnosis:
     """The book anchor that explains it: ``chapters/02_attention.html#...``."""
     field: str = ""
     """The probe output it is about ("A", "d/dS"): the first that differs."""
+    fixed: str = ""
+    """The message in words that hold nothing the answer chose (no shape, dtype or factor of
+    it), for a hidden case: a submission that sees a hidden case's inputs could otherwise write
+    them into its answer's shape or scale and read them back in its feedback.  Empty: the
+    message itself is such words (the catalogue's, and most symptoms')."""
 
-    def text(self, book: str = "") -> str:
-        """The message and where to read more: ``book`` is the book's base address, if any."""
+    def text(self, book: str = "", hidden: bool = False) -> str:
+        """The message (``hidden``: its fixed words) and where to read more: ``book`` is the
+        book's base address, if any."""
         where = f"{book.rstrip('/')}/{self.section}" if book else self.section
-        return f"{self.message} (see {where})"
+        return f"{(self.fixed or self.message) if hidden else self.message} (see {where})"
 
 
 # -- reading outputs --------------------------------------------------------------
@@ -306,10 +312,10 @@ _SECTIONS = {
 }
 
 
-def _generic(ex: Exercise, key: str, message: str, field: str) -> Diagnosis:
+def _generic(ex: Exercise, key: str, message: str, field: str, fixed: str = "") -> Diagnosis:
     label = _SECTIONS.get(key)
     section = anchor(*label) if label else ex.book_page
-    return Diagnosis(Kind.GENERIC, key, message, section, field)
+    return Diagnosis(Kind.GENERIC, key, message, section, field, fixed)
 
 
 def _name(field: str) -> str:
@@ -383,10 +389,11 @@ def _symptom_of(ex: Exercise, field: str, g0: np.ndarray, e0: np.ndarray) -> Dia
                 return _generic(ex, "transposed", f"{_cap(name)} is transposed: its last two "
                                 "axes are swapped (check which index each axis holds)", field)
         return _generic(ex, "shape", f"{_cap(name)} has shape {tuple(g0.shape)}, expected "
-                        f"{tuple(e0.shape)}: check which axes you contract and which you keep", field)
+                        f"{tuple(e0.shape)}: check which axes you contract and which you keep", field,
+                        f"{_cap(name)} has the wrong shape: check which axes you contract and which you keep")
     if g0.dtype != e0.dtype:
         return _generic(ex, "dtype", f"{_cap(name)} has dtype {g0.dtype}, expected {e0.dtype}",
-                        field)
+                        field, f"{_cap(name)} has the wrong dtype")
     if g0.dtype.kind == "b":
         return None
     g, e = _float(g0), _float(e0)
@@ -406,9 +413,10 @@ def _symptom_of(ex: Exercise, field: str, g0: np.ndarray, e0: np.ndarray) -> Dia
             return _generic(ex, "sign", f"{_cap(name)} has the wrong sign everywhere: a sign is "
                             "flipped", field)
         flip = " and has the wrong sign" if c < 0 else ""
-        return _generic(ex, "factor", f"{_cap(name)} is {describe_factor(c, max(1e-6, _loose(ex)))}{flip}: the right "
-                        "values times a constant (a scale, a temperature or a normalisation is missing "
-                        "or applied twice)", field)
+        why = ("the right values times a constant (a scale, a temperature or a normalisation is missing "
+               "or applied twice)")
+        return _generic(ex, "factor", f"{_cap(name)} is {describe_factor(c, max(1e-6, _loose(ex)))}{flip}: {why}",
+                        field, f"{_cap(name)} is {why}")
     if e.ndim >= 1 and e.shape[-1] > 1 and np.isfinite(e).all() and (e >= 0).all():
         rows = e.sum(axis=-1)
         one = np.isclose(rows, 1.0, rtol=1e-9, atol=1e-12)
@@ -473,11 +481,15 @@ def diagnose(ex: Exercise, case: Case, got: Any, expected: Any,
     field = bad[0]
     found = _symptom(ex, field, g[field], e[field])
     if not bad_values:
-        what = found.message[0].lower() + found.message[1:] if found else (
-            "check the operations that autodiff cannot see through safely (a where with "
-            "nan in its other branch, a max without stop_gradient, a Python branch on a value)")
-        return _generic(ex, "gradient" if found is None else found.key,
-                        f"Your values are right, but the gradient {field} is not: {what}", field)
+        def lower(text: str) -> str:
+            return text[0].lower() + text[1:]
+
+        unsafe = ("check the operations that autodiff cannot see through safely (a where with "
+                  "nan in its other branch, a max without stop_gradient, a Python branch on a value)")
+        what, fixed = (lower(found.message), lower(found.fixed or found.message)) if found else (unsafe, unsafe)
+        right = f"Your values are right, but the gradient {field} is not: "
+        return _generic(ex, "gradient" if found is None else found.key, right + what, field,
+                        right + fixed if fixed != what else "")
     return found
 
 

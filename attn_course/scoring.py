@@ -240,7 +240,7 @@ def compare_values(exp: dict, got: dict, rtol: float, atol: float, show: bool,
         if e.dtype.kind == "b" or g.dtype.kind == "b":
             if not np.array_equal(e.astype(bool), g.astype(bool)) or e.dtype.kind != g.dtype.kind:
                 if e.dtype.kind != g.dtype.kind:
-                    return f"{name} has dtype {g.dtype}, expected {e.dtype}"
+                    return f"{name} has dtype {g.dtype}, expected {e.dtype}" if show else f"{name} has the wrong dtype"
                 if not show:
                     return f"{name} has wrong values"
                 if e.ndim == 0:
@@ -348,8 +348,8 @@ def _verdict(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: 
         found = diagnose(judged_on(ex, backend, expected.value or {}), case, got.value or {},
                          expected.value or {}) if diagnose else None
         mistake = ""
-        if found:  # the catalogue's fixed words: safe on hidden cases too
-            why = found.text()
+        if found:
+            why = found.text(hidden=hidden)  # (on a hidden case: words that hold nothing the answer chose)
             msg = f"{why}\n{msg}" if not hidden else f"{msg}: {why}"
             mistake = found.key if found.kind == "catalogue" else ""
         return CaseResult(name, False, Status.WRONG, _noted(msg, note), hidden, mistake=mistake)

@@ -439,3 +439,31 @@ def test_catalogue_diagnoses_of_hidden_cases_are_the_fixed_messages(exercise):
                 assert d.message in {e.message for e in for_exercise(exercise)}
                 assert not set(re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", d.message)) & numbers
     assert named
+
+
+@pytest.mark.parametrize("exercise", ["3.2", "2.2"])
+def test_hidden_feedback_says_nothing_the_answer_chose(exercise):
+    """A submission sees a hidden case's inputs, so it could write a digest of them into its
+    answer's scale, shape or dtype and read it back in its feedback: the factor alone ("43 times
+    too large") carried about 9 bits a case, the shape more.  On a hidden case the words are the
+    same whatever it chose; on a public case they still name the factor and the shape."""
+    from attn_course.diagnose import explain
+    from attn_course.scoring import Outcome, compare
+
+    ex = EXERCISES[exercise]
+    case = ex.make_cases(hidden=True, secret="x")[0]
+    (ref,) = _reference_outcomes(ex, [case])
+    exp = ref.value
+    field = next(k for k in exp if not dg.is_gradient(k))
+
+    def messages(choices, hidden=True) -> set[str]:
+        return {compare(ex, case, ref, Outcome("ok", {**exp, field: np.asarray(x)}), hidden,
+                        diagnose=explain).message for x in choices}
+
+    scaled = [k * exp[field] for k in (2.0, 3.0, 43.0, 64.0, np.sqrt(8.0), 1 / 7)]
+    assert len(messages(scaled)) == 1, messages(scaled)
+    assert len(messages([-k * exp[field] for k in (2.0, 43.0)])) == 1
+    assert len(messages([np.zeros(n) for n in (17, 999, 1234)])) == 1
+    assert len(messages([exp[field].astype(t) for t in (np.float32, np.float16)])) == 1
+    assert len(messages(scaled, hidden=False)) == len(scaled)  # public: the factor is named
+    assert len(messages([np.zeros(n) for n in (17, 999, 1234)], hidden=False)) == 3
