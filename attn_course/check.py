@@ -196,7 +196,7 @@ def check_public(workspace: Path, exercises: list[Exercise], limits: Limits | No
 # -- what the student reads ------------------------------------------------------------
 
 SYMBOL = {Status.PASS: "PASS", Status.FAIL: "FAIL", Status.NOT_IMPLEMENTED: "TODO", Status.BLOCKED: "WAIT",
-          Status.TIMEOUT: "TIME", Status.CRASHED: "CRASH", Status.BUDGET: "TIME"}
+          Status.TIMEOUT: "TIME", Status.CRASHED: "CRASH", Status.BUDGET: "TIME", Status.TAMPERED: "FAIL"}
 
 
 def _indent(text: str, prefix: str) -> str:
@@ -237,6 +237,8 @@ def progress_line(r: ExerciseResult, limit_s: float | None = None, library_error
         what = f"ran past the {limit_s:g} s limit" if limit_s else "ran past its time limit"
     elif status == Status.CRASHED:
         what = "crashed"
+    elif status == Status.TAMPERED:
+        what = "not graded: it changed code it does not own"
     else:
         what = f"FAIL ({ok}/{n} pass)"
     return f"{e.id:<5} ... {what}"

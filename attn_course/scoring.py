@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from .registry import Case, Exercise
-from .values import CANNOT_IMPORT, PACKAGE_DOES_NOT_IMPORT
+from .values import CANNOT_IMPORT, PACKAGE_DOES_NOT_IMPORT, TAMPERED
 
 if TYPE_CHECKING:
     from .diagnose import Diagnosis
@@ -42,10 +42,11 @@ class Status(str, Enum):
     TIMEOUT = "timeout"  # the per-exercise time limit
     CRASHED = "crashed"  # the worker died, exited, or broke a limit
     BUDGET = "budget"  # the archive's whole time budget was spent before this ran
+    TAMPERED = "tampered"  # the job changed code it does not own (attn_course.tamper): not graded
     FAIL = "fail"  # (exercises only) some cases fail
 
 
-OUTCOMES = {"ok", "raised", "not_implemented", "bad_value", "timeout", "crashed", "budget"}
+OUTCOMES = {"ok", "raised", "not_implemented", "bad_value", "timeout", "crashed", "budget", "tampered"}
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ class ExerciseResult:
     def status(self) -> Status:
         if self.passed:
             return Status.PASS
-        for s in (Status.NOT_IMPLEMENTED, Status.BLOCKED, Status.BUDGET, Status.TIMEOUT, Status.CRASHED):
+        for s in (Status.TAMPERED, Status.NOT_IMPLEMENTED, Status.BLOCKED, Status.BUDGET, Status.TIMEOUT,
+                  Status.CRASHED):
             if any(c.status == s for c in self.cases) and not any(c.passed for c in self.cases):
                 return s
         return Status.FAIL
@@ -285,6 +287,7 @@ HIDDEN_WORDS = {
     "timeout": "stopped at the time limit",
     "crashed": "the worker crashed or broke a limit (memory, processes, file size, output)",
     "budget": "not run: the archive's time budget was spent",
+    "tampered": TAMPERED,
 }
 
 
@@ -327,7 +330,7 @@ def _verdict(ex: Exercise, case: Case, expected: Outcome, got: Outcome, hidden: 
             return CaseResult(name, False, Status.BLOCKED,
                               f"needs exercise {owner} first (its stub raised NotImplementedError{where})", hidden)
         return CaseResult(name, False, Status.NOT_IMPLEMENTED, "not implemented yet", hidden)
-    if st in ("timeout", "crashed", "bad_value", "budget"):
+    if st in ("timeout", "crashed", "bad_value", "budget", "tampered"):
         return CaseResult(name, False, Status(st), HIDDEN_WORDS[st] if hidden else got.message or st, hidden)
     if expected.status == "raised":
         if st == "raised" and got.type == expected.type:

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from . import seccomp, values, warm
+from . import seccomp, tamper, values, warm
 from .inline_where import inline_where
 from .xla_cache import compile_for_workers
 from .regions import exercise_of_stub
@@ -505,6 +505,7 @@ class _Notebook:
         error = self.setup_error
         if error is None:
             for cell in item["cells"]:
+                _RAN[0] += 1
                 try:
                     exec(compile(cell["source"], f"<notebook cell {cell['name']}>", "exec"), self.ns)
                 except BaseException as err:  # noqa: BLE001 - the submission's failure is data
@@ -563,6 +564,10 @@ def import_failure(err: BaseException) -> str:
     return f"{PACKAGE_DOES_NOT_IMPORT}: {_located(err)}"[:MAX_MESSAGE]
 
 
+_RAN = [0]  # calls of the submission's functions (and its package's and cells' runs) so far
+_BASELINE: Any = None  # what the watched code was before any job (attn_course.tamper), in a template
+
+
 def as_graded(fn: Callable) -> Callable:
     """``fn``, whose result is refused where it is a Python list (numbers not made an array): the
     probes read the result as an array, and a list was their AttributeError ('list' object has no
@@ -571,6 +576,7 @@ def as_graded(fn: Callable) -> Callable:
     (:func:`attn_course.runner.fill_worker_cache`): the same program as an honest job's."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        _RAN[0] += 1  # the submission's code runs (run_job looks for what it changed before reporting)
         out = fn(*args, **kwargs)
         if isinstance(out, list):
             raise NotPlainValue("the result is a Python list, expected an array: make it one with xp.asarray")
@@ -592,11 +598,13 @@ def run_job(job: dict, package: Path, out) -> None:
     backend = job.get("backend", "jax")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}")
+    base = _BASELINE if _BASELINE is not None else tamper.take()  # before any of the submission runs
     try:
         load_package(package)
         load_error = None
     except BaseException as err:  # noqa: BLE001 - the submission's failure is data
         load_error = import_failure(err)
+    _RAN[0] += 1
     from_notebook = None
     if load_error is None and job.get("notebook") is not None:
         from_notebook = _Notebook(job["notebook"], exercises, {item["id"] for item in job["exercises"]})
@@ -621,7 +629,16 @@ def run_job(job: dict, package: Path, out) -> None:
         except BaseException as err:  # noqa: BLE001
             return None, f"{values.CANNOT_IMPORT}{exercises[ex_id].function}: {_located(err)}"
 
+    looked = [-1, ""]  # _RAN when the job last looked for code it changed, and what it found
+
     def report(ex_id: str, results: list[dict]) -> None:
+        # results computed with code the submission changed (a probe, jax.value_and_grad, a
+        # derivative rule) are not its own function's: the exercise is "tampered", and every later one
+        if not looked[1] and looked[0] != _RAN[0]:
+            looked[0] = _RAN[0]
+            looked[1] = tamper.changed(base) or ""
+        if looked[1]:
+            results = [{"status": "tampered", "message": f"{values.TAMPERED}: {looked[1]}"[:MAX_MESSAGE]}] * len(results)
         line({"id": ex_id, "results": values.encode(results)})
 
     if backend == "jax":  # the whole job as one program (evaluate_job), or one per exercise
@@ -1177,6 +1194,8 @@ def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool 
             pass
     dispositions[signal.SIGINT] = signal.default_int_handler
     warmed: set = set()
+    global _BASELINE
+    _BASELINE = tamper.take()  # what every job's child starts from (taken again after a warm-up)
     while True:
         try:
             # (where no death signal exists, or the socket is a datagram one, which has no end
@@ -1192,6 +1211,7 @@ def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool 
         order = json.loads(msg)
         if "warm" in order:
             warm.warm({(tuple(shape), dtype) for shape, dtype in order["warm"]}, warmed)
+            _BASELINE = tamper.take()
             sock.send(json.dumps({"backend": warm.backend_started()}).encode())
             continue
         (results,) = fds

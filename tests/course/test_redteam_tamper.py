@@ -1,0 +1,163 @@
+"""Red team: a submission that changes the code that checks it.
+
+A red team's archive had exercise 3.2's classic mistake (a nan gradient at a
+zero weight: ``log`` of an unguarded 0) and, at the end of its module, wrapped
+the probes' ``value_and_grad`` (or JAX's own ``jax.value_and_grad``) in
+``nan_to_num``: 3/3 for a wrong gradient.  Now a job looks, before it reports,
+for what it changed of the probes, the worker, JAX's and NumPy's functions and
+JAX's derivative rules (:mod:`attn_course.tamper`): those exercises are
+``tampered``, worth nothing, in fixed words on hidden cases.  Each attack
+below is graded in one batch with an honest archive and the mistake alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attn_course import ROOT, tamper
+from attn_course.archive import build_archive, library_files
+from attn_course.identity import token_for
+
+pytestmark = pytest.mark.slow
+
+SECRET = "tamper-secret"
+GUARD = b"A_safe = xp.where(keep, A, xp.ones_like(A))"
+
+# each appended to a statmech.py whose entropy has the mistake (A_safe = A)
+ATTACKS = {
+    "probe": b'''
+def _patch():
+    import sys
+    g = sys.modules["attn_course.specs._gen"]
+    orig = g.value_and_grad_aux
+    def vga(f, argnums=0):
+        inner = orig(f, argnums)
+        def h(*a):
+            import jax, jax.numpy as jnp
+            aux, d = inner(*a)
+            return aux, jax.tree_util.tree_map(lambda t: jnp.nan_to_num(t, nan=0.0), d)
+        return h
+    g.value_and_grad_aux = vga
+_patch()
+''',
+    "jax": b'''
+import jax as _jax, jax.numpy as _jnp
+_orig = _jax.value_and_grad
+def _vag(fun, *a, **k):
+    inner = _orig(fun, *a, **k)
+    def h(*args, **kw):
+        v, g = inner(*args, **kw)
+        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
+    return h
+_jax.value_and_grad = _vag
+''',
+    # a derivative rule of JAX's own: log's tangent, made finite (no name of a module attribute changes)
+    "rule": b'''
+def _patch():
+    from jax._src.interpreters import ad
+    from jax._src.lax import lax
+    import jax.numpy as jnp
+    orig = ad.primitive_jvps[lax.log_p]
+    def jvp(primals, tangents):
+        out, t = orig(primals, tangents)
+        return out, jnp.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) if not isinstance(t, ad.Zero) else t
+    ad.primitive_jvps[lax.log_p] = jvp
+_patch()
+''',
+    # the code of the probe's helper swapped in place (the function object stays the same)
+    "code": b'''
+def _finite_sum(x):
+    import jax.numpy as m
+    return m.sum(m.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+import sys as _sys
+_sys.modules["attn_course.specs._gen"].finite_sum.__code__ = _finite_sum.__code__
+''',
+}
+
+
+def _archives(folder: Path) -> None:
+    folder.mkdir()
+    ref = library_files(ROOT)
+    mistake = ref["attn_tensors/statmech.py"].replace(GUARD, b"A_safe = A")
+    assert mistake != ref["attn_tensors/statmech.py"]
+
+    def build(sid: str, statmech: bytes) -> None:
+        build_archive(folder / f"{sid}.zip", sid, {**ref, "attn_tensors/statmech.py": statmech},
+                      token=token_for(sid, SECRET))
+
+    build("honest", ref["attn_tensors/statmech.py"])
+    build("mistake", mistake)
+    for name, code in ATTACKS.items():
+        build(f"tamper-{name}", mistake + code)
+
+
+def test_tampering_with_the_checks_earns_nothing(tmp_path):
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _archives(subs)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", ATTN_COURSE_SECRET=SECRET)
+    r = subprocess.run([sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out),
+                        "--exercises", "3"], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+    assert rows["honest"]["3.2"] == "3" and rows["honest"]["3.1"] == "3"
+    assert rows["mistake"]["3.2"] == "0"  # the mistake alone: caught by the gradient check
+    for name in ATTACKS:
+        row = rows[f"tamper-{name}"]
+        assert row["3.2"] == "0", (name, row)
+        results = [json.loads(p.read_text()) for p in (out / "results").glob(f"tamper-{name}-*.json")]
+        (fb,) = [res["feedback"]["3.2"] for res in results]
+        assert fb["status"] == "tampered", (name, fb)
+        assert all(c["status"] == "tampered" and "changed code it does not own" in c["message"]
+                   for c in fb["cases"] if c["hidden"]), (name, fb)
+    # the hidden cases' words are fixed: nothing the job chose (which function it changed) is in them
+    assert all(c["message"].startswith("not graded") and ":" not in c["message"].split(")", 1)[1]
+               for p in (out / "results").glob("tamper-*.json")
+               for c in json.loads(p.read_text())["feedback"]["3.2"]["cases"] if c["hidden"])
+
+
+def test_what_a_baseline_sees_changed():
+    """Each kind of change, undone after; and the reference's own runs change nothing."""
+    import jax
+    from jax._src.interpreters import ad
+    from jax._src.lax import lax
+
+    from attn_course.registry import all_exercises
+    from attn_course.runner import reference_results
+    from attn_course.specs import _gen
+
+    from attn_course.inline_where import inline_where
+
+    exercises = all_exercises()
+    inline_where()  # as a worker server does as it starts, before its template takes its baseline
+    base = tamper.take()
+    for ex in ("3.1", "3.2", "5.1"):
+        reference_results(exercises[ex], exercises[ex].make_cases(True, "x"))
+    assert tamper.changed(base) is None
+
+    def sees(undo) -> str | None:
+        try:
+            return tamper.changed(base)
+        finally:
+            undo()
+
+    orig = jax.value_and_grad
+    jax.value_and_grad = lambda *a, **k: None
+    assert sees(lambda: setattr(jax, "value_and_grad", orig)) == "jax.value_and_grad"
+    rule = ad.primitive_jvps[lax.log_p]
+    ad.primitive_jvps[lax.log_p] = lambda p, t: None
+    assert "primitive_jvps[log]" in sees(lambda: ad.primitive_jvps.__setitem__(lax.log_p, rule))
+    code = _gen.finite_sum.__code__
+    _gen.finite_sum.__code__ = (lambda x: x).__code__
+    assert sees(lambda: setattr(_gen.finite_sum, "__code__", code)) == "attn_course.specs._gen.finite_sum (__code__)"
+    bind = lax.log_p.__dict__.get("impl")
+    if bind is not None:
+        lax.log_p.impl = lambda *a, **k: None
+        assert sees(lambda: setattr(lax.log_p, "impl", bind)).endswith("log_p.impl")
+    assert tamper.changed(base) is None
