@@ -45,7 +45,10 @@ written here as before.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
+import hashlib
 import json
 import os
 import stat
@@ -74,11 +77,17 @@ BACKEND_CHOICES = ("jax", "mlx", "both")
 
 # what a grading folder holds: the grader's files (report, similarity, nbgrader's part) and nothing else
 GRADING_NAMES = frozenset({"results", "feedback", "exports", "similarity", "nbgrader", "gradebook.csv", "grades.csv",
-                           "report.md", "histograms.svg", "histograms.png", ".histograms.key"})
+                           "report.md", "histograms.svg", "histograms.png", ".histograms.key", "run.lock",
+                           "late-policy.json", ".written.json"})
 
 
 class OutputFolderError(ValueError):
     """``--out`` names a folder that is not the grader's to write in."""
+
+
+class BatchRefused(OutputFolderError):
+    """A run that would replace the grading folder's results or outputs by mistake (another
+    secret, no archives) or while another grader writes there; nothing is graded or written."""
 
 
 def claim_output(out: Path) -> None:
@@ -292,7 +301,16 @@ class Grader:
         except OSError:
             return False
         return (old.sha256 == digest and old.secret == self.fingerprint
-                and old.exercises == [e.id for e in self.exercises] and old.backend == self.backend)
+                and old.exercises == [e.id for e in self.exercises] and old.backend == self.backend
+                and old.identity_policy == self.identity_policy)
+
+    @property
+    def identity_policy(self) -> str:
+        """The rule an archive's identity is checked under (whether a token is required, and the
+        roster's students): a result checked under another (a run without ``--roster``, or with
+        ``--trust-manifest-ids``) is not done, so a forged or unlisted archive is checked again."""
+        roster = sorted(self.roster.ids) if self.roster is not None else None
+        return hashlib.sha256(json.dumps([self.require_token, roster]).encode()).hexdigest()[:16]
 
     def _identify(self, sub, result: ArchiveResult) -> None:
         if not self.require_token and self.roster is None:
@@ -371,7 +389,7 @@ class Grader:
         """Verify, run and score one archive (``received``: its receipt time, if not its file's mtime)."""
         t0 = time.monotonic()
         result = ArchiveResult(archive.name, "", self.fingerprint, [e.id for e in self.exercises],
-                               scores={e.id: 0.0 for e in self.exercises})
+                               scores={e.id: 0.0 for e in self.exercises}, identity_policy=self.identity_policy)
         try:
             st = os.lstat(archive)
             result.received = st.st_mtime if received is None else received
@@ -423,14 +441,97 @@ class Grader:
 
     # -- the class -----------------------------------------------------------------------
     def run(self, submissions: Path, regrade: bool = False) -> list[ArchiveResult]:
-        with self.interrupts.handled():
+        with self.interrupts.handled(), self._only_grader():
             return self._run_batch(submissions, regrade)
+
+    @contextlib.contextmanager
+    def _only_grader(self):
+        """The grading folder for this run alone: a second grader on it is refused (both graded
+        every archive, and the last to end wrote the gradebook, its options winning)."""
+        if self.out is None:
+            yield
+            return
+        fd = os.open(self.out / "run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                other = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                raise BatchRefused(f"another attn-course grade is grading into {terminal(str(self.out), 200)}"
+                                   f"{f' (pid {terminal(other, 20)})' if other else ''}: wait for it to end, "
+                                   "or grade into another folder; nothing was graded") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+    def _check_batch(self, submissions: Path, archives: list[Path], regrade: bool) -> None:
+        """Refuse a run that would replace the folder's grading by mistake; warn where it drops
+        students (before anything is graded or written)."""
+        shown = terminal(str(submissions), 200)
+        if not archives:
+            raise BatchRefused(f"no archives (*.zip) in {shown}: nothing was graded, and "
+                               f"{terminal(str(self.out), 200)} was left as it was")
+        results = self.out / "results"
+        stored = [ArchiveResult.load(p) for p in sorted(results.glob("*.json"))] if results.is_dir() else []
+        other = sorted({r.secret for r in stored if r is not None and r.secret != self.fingerprint})
+        if other and not regrade:
+            raise BatchRefused(
+                f"{sum(r is not None and r.secret in other for r in stored)} results in "
+                f"{terminal(str(self.out), 200)} were graded under another course secret (fingerprint "
+                f"{other[0]}; this one is {self.fingerprint}): a mistyped ATTN_COURSE_SECRET? Set the one they "
+                "were graded with, or pass --regrade to grade every archive again under this one; nothing "
+                "was graded")
+        names = {self.result_path(a).name for a in archives} | {result_name(a, 8) for a in archives}
+        away = [p for p in results.glob("*.json") if p.name not in names] if results.is_dir() else []
+        if away:
+            self.log(f"warning: {len(away)} results in {terminal(str(results), 200)} are of archives that are "
+                     f"not in {shown}: they are kept, but left out of this gradebook and the exports")
+
+    def _received_again(self, archive: Path) -> None:
+        """A finished archive's receipt time read again: one the instructor corrected (an extension,
+        a download with the platform's times) counts from now on (the late policy, the latest)."""
+        old = own_result(self.out / "results", archive)
+        try:
+            now = os.lstat(archive).st_mtime
+        except OSError:
+            return
+        if old is not None and old.received != now:
+            self.log(f"{terminal(archive.name, 120)}: its receipt time changed since it was graded; the new one counts")
+            atomic_write(self.result_path(archive), json.dumps(asdict(replace(old, received=now)), indent=1))
+
+    def _late_policy(self) -> None:
+        """The late policy of the folder: kept in it, so that a run without ``--deadline`` (a resume)
+        applies the one it was graded with; a different one replaces it, said so."""
+        from .late import LatePolicy
+
+        path = self.out / "late-policy.json"
+        saved = None
+        try:
+            saved = LatePolicy(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError):
+            self.log(f"warning: {path} cannot be read as a late policy; it is ignored")
+        if self.late is None and saved is not None:
+            self.late = saved
+            self.log(f"the late policy saved in {terminal(str(self.out), 200)} applies ({saved.describe()}); "
+                     f"pass --deadline to change it, or remove {path.name} to grade without one")
+        elif self.late is not None and saved != self.late:
+            if saved is not None:
+                self.log(f"the late policy changed: it was {saved.describe()}; now {self.late.describe()}")
+            atomic_write(path, json.dumps(asdict(self.late)))
 
     def _run_batch(self, submissions: Path, regrade: bool) -> list[ArchiveResult]:
         if not Path(submissions).is_dir():
             raise FileNotFoundError(f"no folder of submissions at {submissions}")
         archives = sorted(p for p in Path(submissions).iterdir() if p.name.endswith(".zip"))
+        self._check_batch(Path(submissions), archives, regrade)
+        self._late_policy()
         todo = [a for a in archives if regrade or not self.done(a)]
+        for archive in set(archives) - set(todo):
+            self._received_again(archive)
         skipped = len(archives) - len(todo)
         where = f"Dask cluster {terminal(self.scheduler, 200)}" if self.scheduler else f"{self.jobs} workers"
         self.log(f"{len(archives)} archives; {skipped} already graded, {len(todo)} to grade "

@@ -76,6 +76,9 @@ def course_secret(allow_ci: bool = False) -> str:
     ``--ci-secret`` option) and the variable is unset.
     """
     value = os.environ.get(SECRET_ENV, "")
+    if value and value != value.strip():  # a secret read from a file with its line end, a stray space
+        raise SecretMissing(f"{SECRET_ENV} begins or ends with a space or a line end (read from a file "
+                            "with its newline?): set it without them")
     if value:
         return value
     if allow_ci:

@@ -58,6 +58,7 @@ class ArchiveResult:
     sandbox: str = ""
     seconds: float = 0.0
     backend: str = "jax"  # what the library ran on: "jax", "mlx" or "both" (scored on JAX)
+    identity_policy: str = ""  # the roster and token rule the identity was checked under (Grader.identity_policy)
     format: int = RESULT_FORMAT
 
     @property

@@ -53,7 +53,8 @@ def test_honest_class(tmp_path):
 
 def test_identity_secret_and_receipt_policy(tmp_path):
     """No secret: refused.  A classmate's id with one's own token: rejected.  Latest received counts.
-    A change of secret regrades what was graded under the old one."""
+    A change of secret is refused (a mistyped secret rejected every archive and emptied the
+    gradebook) unless --regrade asks to grade again under the new one."""
     subs, out = tmp_path / "submitted", tmp_path / "grading"
     subs.mkdir()
     stub = library_files(RELEASE_LIBRARY)
@@ -85,9 +86,18 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     report = (out / "report.md").read_text()
     assert "several archives" in report and "bad\\_token" in report or "bad_token" in report
     assert "missing" in report
-    # another secret: nothing is "already graded"
+    # another secret (a typo, or a secret file's line end): refused, the grading kept as it was
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "run.lock"}
+    for other in (SECRET + "-rotated", SECRET + "\n", " "):
+        env["ATTN_COURSE_SECRET"] = other
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert ("graded under another course secret" in r.stderr if other.strip() == other
+                else "begins or ends with a space or a line end" in r.stderr), r.stderr
+        assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "run.lock"} == before
+    # ... and graded again under the new one only when asked
     env["ATTN_COURSE_SECRET"] = SECRET + "-rotated"
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run(cmd + ["--regrade"], capture_output=True, text=True, env=env, timeout=900)
     assert "0 already graded, 4 to grade" in r.stdout, r.stdout[-2000:]
 
 

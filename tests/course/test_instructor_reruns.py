@@ -1,0 +1,115 @@
+"""A grading folder over several runs: what a rerun must not undo by accident.
+
+From a tester's findings: a rerun that added ``--roster`` (or dropped
+``--trust-manifest-ids``) kept a forged archive's marks, because finished
+results were "already graded" whatever rule their identity was checked under;
+a rerun without ``--deadline`` (a resume) silently dropped the late penalties;
+a receipt time the instructor corrected never counted; an empty submissions
+folder emptied the gradebook and the exports; and two graders on one folder
+both graded everything, the last to end writing the gradebook.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from attn_course import ROOT, cli
+from attn_course.archive import build_archive, library_files
+from attn_course.identity import token_for
+
+pytestmark = pytest.mark.slow
+
+SECRET = "reruns-secret"
+DEADLINE = 1_700_000_000  # 2023-11-14T22:13:20Z
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+
+
+def _grade(subs: Path, out: Path, capsys, *options: str) -> tuple[int, str, str]:
+    rc = cli.main(["grade", str(subs), "--out", str(out), "--exercises", "3.5", "--jobs", "1", *options])
+    got = capsys.readouterr()
+    return rc, got.out, got.err
+
+
+def _rows(out: Path) -> dict[str, dict]:
+    return {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+
+
+def _class(subs: Path) -> None:
+    subs.mkdir()
+    ref = library_files(ROOT)
+    build_archive(subs / "s1.zip", "s1", ref, token=token_for("s1", SECRET))
+    build_archive(subs / "forged.zip", "s2", ref, token=token_for("s1", SECRET))  # s1's token on s2's claim
+    for name in ("s1.zip", "forged.zip"):
+        os.utime(subs / name, (DEADLINE + 3 * 86400, DEADLINE + 3 * 86400))  # three days late
+
+
+def test_a_stricter_identity_rule_is_applied_to_finished_archives(env, tmp_path, capsys):
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    rc, _, err = _grade(subs, out, capsys, "--trust-manifest-ids")
+    assert rc == 0, err
+    assert set(_rows(out)) == {"s1", "s2"}
+    rc, stdout, err = _grade(subs, out, capsys)
+    assert rc == 0, err
+    assert "0 already graded, 2 to grade" in stdout
+    assert set(_rows(out)) == {"s1"}  # the forged claim is rejected now
+
+
+def test_the_late_policy_and_corrected_receipt_times_hold_on_a_rerun(env, tmp_path, capsys):
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    deadline = ["--deadline", "2023-11-14T22:13:20+00:00", "--late-penalty", "10"]
+    rc, _, err = _grade(subs, out, capsys, *deadline)
+    assert rc == 0, err
+    first = _rows(out)["s1"]
+    assert first["days_late"] == "3" and float(first["final"]) < float(first["total"])
+    rc, stdout, err = _grade(subs, out, capsys)  # a resume without the options
+    assert rc == 0, err
+    assert "the late policy saved in" in stdout
+    assert _rows(out)["s1"] == first
+    os.utime(subs / "s1.zip", (DEADLINE - 60, DEADLINE - 60))  # an extension: the instructor corrects it
+    rc, stdout, err = _grade(subs, out, capsys)
+    assert rc == 0, err
+    assert "s1.zip: its receipt time changed" in stdout
+    row = _rows(out)["s1"]
+    assert row["days_late"] == "0" and row["final"] == row["total"]
+
+
+def test_an_empty_submissions_folder_leaves_the_grading_as_it_was(env, tmp_path, capsys):
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    rc, _, err = _grade(subs, out, capsys)
+    assert rc == 0, err
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder in (empty, out):  # a wrong path, or the grading folder itself
+        rc, _, err = _grade(folder, out, capsys)
+        assert rc == 2 and "no archives (*.zip) in" in err and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_second_grader_on_the_same_folder_is_refused(env, tmp_path, capsys):
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    rc, _, err = _grade(subs, out, capsys)
+    assert rc == 0, err
+    before = (out / "gradebook.csv").read_bytes()
+    with open(out / "run.lock", "r+") as held:  # another grader, running
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242")
+        held.flush()
+        rc, _, err = _grade(subs, out, capsys, "--regrade")
+    assert rc == 2 and "another attn-course grade is grading into" in err and "pid 4242" in err, err
+    assert (out / "gradebook.csv").read_bytes() == before
+    rc, _, err = _grade(subs, out, capsys, "--regrade")  # and once it has ended
+    assert rc == 0, err
