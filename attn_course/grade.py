@@ -109,8 +109,12 @@ def claim_output(out: Path) -> None:
             shown = ", ".join(terminal(n, 60) for n in other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
             raise OutputFolderError(f"--out {out} holds files that attn-course grade did not write ({shown}): "
                                     "name a new or empty folder, or one it graded into before")
-    out.mkdir(parents=True, exist_ok=True)
-    os.chmod(out, 0o700)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        os.chmod(out, 0o700)
+    except OSError as err:
+        raise OutputFolderError(f"--out {terminal(str(out), 200)} cannot be made private or written "
+                                f"({err.strerror or type(err).__name__}): name a folder you may write") from None
 
 
 class Grader:

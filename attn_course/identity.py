@@ -303,6 +303,8 @@ def write_tokens(roster: Roster, secret: str, out: Path | str, *, force: bool = 
     out = Path(out)
     if (out.exists() or out.is_symlink()) and not force:
         raise IdentityError(f"{out} already exists; it was not overwritten (pass --force to replace it)")
+    if out.is_dir():
+        raise IdentityError(f"{out} is a folder: name the file to write the tokens to (nothing was written)")
     tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -318,6 +320,10 @@ def write_tokens(roster: Roster, secret: str, out: Path | str, *, force: bool = 
                     row.append(csv_cell(roster.name(sid)))
                 w.writerow(row)
         os.replace(tmp, out)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise IdentityError(f"{out} cannot be written ({err.strerror or type(err).__name__}); "
+                            "nothing was written") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

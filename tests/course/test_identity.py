@@ -238,6 +238,22 @@ def test_roster_command_keeps_an_existing_file_unless_forced(tmp_path, monkeypat
     assert "cannot be written" in capsys.readouterr().err
 
 
+def test_roster_and_grade_outputs_that_cannot_be_written_are_one_line(tmp_path, monkeypatch, capsys):
+    """A folder as the tokens' file (with --force: a traceback of os.replace), and a grading
+    folder that cannot be made (a traceback of mkdir): one line each, nothing written."""
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    roster = _write(tmp_path / "roster.csv", "student_id\ns1\n")
+    (tmp_path / "folder").mkdir()
+    assert cli.main(["roster", str(roster), "--out", str(tmp_path / "folder"), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder" in err and "Traceback" not in err and not any((tmp_path / "folder").iterdir())
+    (tmp_path / "subs").mkdir()
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", "/proc/self/grading"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attn-course: --out /proc/self/grading cannot be made private or written") and \
+        len(err.strip().splitlines()) == 1, err
+
+
 def test_instructor_commands_refuse_to_run_without_a_secret(tmp_path, no_secret, capsys):
     roster = _write(tmp_path / "roster.csv", "student_id\ns1\n")
     out = tmp_path / "tokens.csv"
