@@ -19,6 +19,7 @@ import csv
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .late import LatePolicy
 from .registry import Exercise
@@ -81,6 +82,7 @@ def moodle_csv(rows: list[GradeRow], exercises: list[Exercise], assignment: str)
     return buf.getvalue()
 
 
-def write_exports(out: Path, rows: list[GradeRow], exercises: list[Exercise], assignment: str) -> None:
-    atomic_write(out / "exports" / "canvas.csv", canvas_csv(rows, exercises, assignment))
-    atomic_write(out / "exports" / "moodle.csv", moodle_csv(rows, exercises, assignment))
+def write_exports(out: Path, rows: list[GradeRow], exercises: list[Exercise], assignment: str,
+                  write: Callable[[Path, str | bytes], None] = atomic_write) -> None:
+    write(out / "exports" / "canvas.csv", canvas_csv(rows, exercises, assignment))
+    write(out / "exports" / "moodle.csv", moodle_csv(rows, exercises, assignment))

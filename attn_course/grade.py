@@ -63,6 +63,7 @@ from . import RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
 from .identity import secret_fingerprint
 from .interrupt import Interrupts
+from .outputs import beside, is_beside_name
 from .registry import Exercise, secret, select
 from .runner import Budget, fill_worker_cache, package_files, reference_results, run_and_grade, run_worker
 from .sandbox import GRADING_LIMITS, Limits, confinement
@@ -104,7 +105,8 @@ def claim_output(out: Path) -> None:
         raise OutputFolderError(f"--out {out}: a file, not a folder; name a new folder")
     if out.is_dir():
         other = sorted(p.name for p in out.iterdir()
-                       if p.name not in GRADING_NAMES and not any(p.name.startswith(f".{n}.") for n in GRADING_NAMES))
+                       if p.name not in GRADING_NAMES and not is_beside_name(p.name, GRADING_NAMES)
+                       and not any(p.name.startswith(f".{n}.") for n in GRADING_NAMES))
         if other:
             shown = ", ".join(terminal(n, 60) for n in other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
             raise OutputFolderError(f"--out {out} holds files that attn-course grade did not write ({shown}): "
@@ -567,8 +569,11 @@ class Grader:
         results = self.load_results(archives)
         from .report import write_outputs
 
-        write_outputs(self.out, results, self.exercises, self.roster, self.notebooks, late=self.late,
-                      assignment=ASSIGNMENT)
+        kept = write_outputs(self.out, results, self.exercises, self.roster, self.notebooks, late=self.late,
+                             assignment=ASSIGNMENT)
+        for rel in kept:
+            self.log(f"kept {terminal(rel, 200)}, edited since it was written; this run's version is "
+                     f"{terminal(beside(Path(rel)).as_posix(), 200)}")
         self.log(f"graded {len(todo)} archives in {time.monotonic() - t0:.1f} s; see {self.out}")
         return results
 

@@ -13,17 +13,23 @@ import hashlib
 import io
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 from .exports import GradeRow, grade_rows, write_exports
 from .late import LatePolicy
+from .outputs import Outputs
 from .registry import Exercise
 from .results import atomic_write, latest_by_student, result_name
 from .text import csv_cell, md_code_block, md_inline
 
 
 def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False,
-                  late: LatePolicy | None = None, assignment: str = "attn-tensors-library") -> None:
-    """Gradebook (with ``late``: days late and the total after the penalty), exports, feedback, report."""
+                  late: LatePolicy | None = None, assignment: str = "attn-tensors-library") -> list[str]:
+    """Gradebook (with ``late``: days late and the total after the penalty), exports, feedback, report;
+    the files the instructor edited since they were written, kept (:class:`attn_course.outputs.Outputs`:
+    this run's version of each is beside it)."""
+    outputs = Outputs(out)
+    write = outputs.write
     best = latest_by_student(results)
     ids = [e.id for e in exercises]
     maxp = float(sum(e.points for e in exercises))
@@ -49,16 +55,18 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
             if late:  # the same policy as the library's total
                 row.append(f"{late.lateness(r.received).apply(nb_total):g}")
         w.writerow(row)
-    atomic_write(out / "gradebook.csv", buf.getvalue())
-    write_exports(out, list(rows.values()), exercises, assignment)
+    write(out / "gradebook.csv", buf.getvalue())
+    write_exports(out, list(rows.values()), exercises, assignment, write)
     for sid, r in best.items():
-        atomic_write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises, rows[sid] if late else None, late))
+        write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises, rows[sid] if late else None, late))
     rejected = [r for r in results if r.rejected]
     for r in rejected:
         name = result_name(Path(r.archive)).removesuffix(".json")
-        atomic_write(out / "feedback" / "rejected" / f"{name}.md",
-                     f"# Not graded: {md_inline(r.archive, 120)}\n\n{md_inline(r.rejected, 600)}\n")
-    write_report(out, results, best, exercises, roster)
+        write(out / "feedback" / "rejected" / f"{name}.md",
+              f"# Not graded: {md_inline(r.archive, 120)}\n\n{md_inline(r.rejected, 600)}\n")
+    write_report(out, results, best, exercises, roster, write)
+    outputs.close()
+    return outputs.kept
 
 
 def _case_lines(fb: dict) -> list[str]:
@@ -120,7 +128,8 @@ def feedback_text(r, exercises: list[Exercise], row: GradeRow | None = None,
     return "\n".join(out)
 
 
-def write_histograms(out: Path, best: dict, exercises: list[Exercise], n: int, maxp: float) -> bool:
+def write_histograms(out: Path, best: dict, exercises: list[Exercise], n: int, maxp: float,
+                     write: Callable[[Path, str | bytes], None] = atomic_write) -> bool:
     """``out/histograms.svg`` (:mod:`attn_course.histograms`); True when the file was (re)written.
 
     A rerun that changes nothing shown (a resume, a late archive with the
@@ -140,7 +149,7 @@ def write_histograms(out: Path, best: dict, exercises: list[Exercise], n: int, m
             return False
     except OSError:
         pass
-    atomic_write(path, svg)
+    write(path, svg)
     return True
 
 
@@ -155,13 +164,14 @@ def _remove_old_png(out: Path) -> None:
         pass
 
 
-def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None) -> None:
+def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None,
+                 write: Callable[[Path, str | bytes], None] = atomic_write) -> None:
     from .class_stats import mistake_counts, totals
 
     rejected = [r for r in results if r.rejected]
     maxp = sum(e.points for e in exercises)
     tot = totals(best, exercises)
-    write_histograms(out, best, exercises, tot.n, maxp)
+    write_histograms(out, best, exercises, tot.n, maxp, write)
     lines = [f"# Class report ({len(best)} students, {len(rejected)} rejected archives)", "",
              f"Totals out of {maxp:g}: mean {tot.mean:.2f}, median {tot.median:g}, {tot.full} with full marks, "
              f"{tot.zero} with none.", "",
@@ -197,4 +207,4 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
         if missing:
             lines += ["", "## On the roster, no accepted archive", ""] + [f"* {md_inline(s, 64)}" for s in missing]
     lines += ["", "![totals and per-exercise scores](histograms.svg)", ""]
-    atomic_write(out / "report.md", "\n".join(lines))
+    write(out / "report.md", "\n".join(lines))

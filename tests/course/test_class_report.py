@@ -135,7 +135,14 @@ def test_the_figure_is_written_again_only_when_what_it_shows_changed(tmp_path):
     best["c"] = _graded("c", {})  # one more student: another picture
     write_outputs(tmp_path, list(best.values()), EX)
     assert svg.read_bytes() != first and "Totals (3 students" in svg.read_text()
-    svg.write_bytes(b"not the grader's figure")  # a file that is not the one it would write is replaced
+    svg.write_bytes(b"the instructor's figure")  # edited since it was written: the instructor's, kept
+    assert write_outputs(tmp_path, list(best.values()), EX) == []  # (nothing new to show beside it)
+    assert svg.read_bytes() == b"the instructor's figure"
+    best["d"] = _graded("d", {})
+    assert write_outputs(tmp_path, list(best.values()), EX) == ["histograms.svg"]
+    assert svg.read_bytes() == b"the instructor's figure"
+    assert "Totals (4 students" in (tmp_path / "histograms.new.svg").read_text()
+    svg.unlink()  # removed: written again
     write_outputs(tmp_path, list(best.values()), EX)
     assert svg.read_bytes().startswith(b"<svg")
     # the PNG an earlier version drew is removed when its key says it is that version's file,
