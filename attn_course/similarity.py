@@ -46,7 +46,7 @@ from . import EXERCISES, RELEASE_LIBRARY
 from .archive import Rejected, library_files, read_submission
 from .notebook_cells import answer_cells
 from .results import ArchiveResult, atomic_write, latest_by_student
-from .text import CUT, md_inline, plain
+from .text import CUT, md_inline, plain, terminal
 from .workspace import ASSIGNMENT
 
 K = 25  # k-gram length in normalised characters (copydetect's default noise threshold)
@@ -292,6 +292,13 @@ def main_similarity(args) -> int:
     results = [r for p in sorted((out / "results").glob("*.json")) if (r := ArchiveResult.load(p)) is not None]
     if not results:
         raise FileNotFoundError(f"no grading results in {out / 'results'}: run `attn-course grade` first")
+    graded = {r.archive for r in results}
+    if not any(p.name in graded for p in subs.iterdir() if p.name.endswith(".zip")):
+        # (a report of 0 pairs among 0 students replaced the folder's real one)
+        print(f"attn-course: none of the archives in {terminal(str(subs), 200)} was graded into "
+              f"{terminal(str(out), 200)}: name the submissions folder that was graded there "
+              "(its similarity report was left as it was)", file=sys.stderr)
+        return 2
     rep = write_similarity(out, subs, results, args.threshold)
     print(f"{len(rep.pairs)} pairs at or above {args.threshold:.0%} among {rep.students} students; "
           f"see {out / 'similarity' / 'report.md'}")

@@ -100,6 +100,15 @@ def test_cli(tmp_path):
                         "--threshold", "0.5"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1 pairs at or above 50% among 4 students" in r.stdout, r.stdout
+    # another class's folder: refused, the report kept (it was replaced by one of 0 pairs among 0)
+    report = (out / "similarity" / "report.md").read_bytes()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.zip").write_bytes((subs / sorted(p.name for p in subs.iterdir())[0]).read_bytes())
+    r = subprocess.run([sys.executable, "-m", "attn_course.cli", "similarity", str(other), "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "none of the archives in" in r.stderr, r.stderr[-2000:]
+    assert (out / "similarity" / "report.md").read_bytes() == report
 
 
 def test_a_copy_moved_to_another_module_or_a_new_file_is_found(tmp_path):
