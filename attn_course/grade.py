@@ -663,9 +663,43 @@ def _bad_option(args) -> str | None:
                 "(give the cluster more workers instead)")
     if args.jobs is not None and args.jobs < 1:
         return f"--jobs must be a number of workers of at least 1, got {args.jobs}"
+    if getattr(args, "nbgrader", None) is not None:
+        problem = _bad_database(args.nbgrader)
+        if problem:
+            return problem
     from .slot_user import setting_problem
 
     return setting_problem()
+
+
+def _bad_database(url: str) -> str | None:
+    """What is wrong with ``--nbgrader DB_URL``, found before the batch (it was found after it, with
+    every archive graded, or never: an in-memory database took the scores and threw them away)."""
+    shown = terminal(url, 200)
+    try:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+    except ImportError:
+        return "--nbgrader needs nbgrader installed (pip install nbgrader)"
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return f"--nbgrader {shown} is not a database URL (e.g. sqlite:////path/to/gradebook.db)"
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        return f"--nbgrader {shown}: this Python has no driver for {terminal(parsed.drivername, 40)} databases"
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:") or (parsed.database or "").startswith("file::memory:"):
+            return f"--nbgrader {shown} is a database in memory: the scores would be thrown away; name a file"
+        path = Path(parsed.database)
+        try:
+            head = path.open("rb").read(16) if path.is_file() else None
+        except OSError as err:
+            return f"--nbgrader {shown} cannot be read ({err.strerror or type(err).__name__})"
+        if head and head != b"SQLite format 3\x00":
+            return f"--nbgrader {shown} is a file that is not an SQLite database; it was left as it was"
+    return None
 
 
 def _local_confinement(args, use_bwrap: bool | None) -> str | None:
@@ -757,7 +791,9 @@ def main_grade(args) -> int:
             write_gradebook(db, best, g.exercises, notebooks=args.notebooks, late=g.late)
             csv_path = export_csv(db, Path(args.out))
         except Exception as err:  # noqa: BLE001 - nbgrader's failure, reported as such
-            print(f"attn-course: writing nbgrader's gradebook failed: {type(err).__name__}: {err}", file=sys.stderr)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            print(f"attn-course: writing nbgrader's gradebook failed: {type(err).__name__}: {terminal(first, 300)}",
+                  file=sys.stderr)
             return 1
         print(f"scores written to nbgrader's gradebook {db}; nbgrader export: {csv_path}")
     failed = [r for r in results if r.error]

@@ -138,3 +138,22 @@ def test_outputs_the_instructor_edited_are_kept(env, tmp_path, capsys):
     assert "report.md" not in stdout  # what nobody edited is written as before
     rc, _, err = _grade(subs, out, capsys)
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("url, words", [
+    ("garbage", "is not a database URL"),
+    ("postgresql+nosuchdriver://u@h/db", "no driver for"),
+    ("sqlite:///:memory:", "a database in memory"),
+    ("sqlite://", "a database in memory"),
+    ("FILE", "is a file that is not an SQLite database"),
+])
+def test_a_bad_nbgrader_database_is_refused_before_grading(env, tmp_path, capsys, url, words):
+    """It was found after the whole batch was graded, or never (in memory: the scores thrown away)."""
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    precious = tmp_path / "precious.csv"
+    precious.write_text("a,b\n1,2\n")
+    url = url.replace("FILE", f"sqlite:///{precious}")
+    rc, stdout, err = _grade(subs, out, capsys, "--nbgrader", url)
+    assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and precious.read_text() == "a,b\n1,2\n"
