@@ -208,7 +208,7 @@ def cmd_token(args) -> int:
     from .identity import CI_SECRET, IdentityError, course_secret, load_roster, token_for, valid_student_id
 
     if not valid_student_id(args.student):
-        raise IdentityError(f"invalid student id {args.student!r:.80}")
+        raise IdentityError(f"invalid student id {ascii(args.student):.80}")  # (a look-alike letter shown as such)
     if args.roster and args.student not in load_roster(Path(args.roster)):
         raise IdentityError(f"{args.student} is not on the roster {args.roster}")
     secret = course_secret(allow_ci=args.ci_secret)

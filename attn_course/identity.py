@@ -202,7 +202,7 @@ def load_roster(path: Path | str) -> Roster:
         raise RosterError(f"{path}: not UTF-8 text (save the roster as CSV UTF-8)") from None
     except OSError as err:
         raise RosterError(f"{path}: cannot be read ({err.strerror or err})") from None
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)  # (an unclosed quote is an error)
     try:
         header = next(reader, None)
     except csv.Error as err:
@@ -210,6 +210,8 @@ def load_roster(path: Path | str) -> Roster:
     columns = [h.strip().lower() for h in header or []]
     if "student_id" not in columns:
         raise RosterError(f"{path}:1: no 'student_id' column in the header (found: {', '.join(columns)[:200]})")
+    if columns.count("student_id") > 1:  # (the second column's students were dropped, silently)
+        raise RosterError(f"{path}:1: two 'student_id' columns in the header: keep one")
     id_col = columns.index("student_id")
     name_col = next((columns.index(c) for c in _NAME_COLUMNS if c in columns), None)
     ids: list[str] = []
@@ -223,7 +225,7 @@ def load_roster(path: Path | str) -> Roster:
             sid = row[id_col].strip() if id_col < len(row) else ""
             if not valid_student_id(sid):
                 raise RosterError(
-                    f"{path}:{line}: invalid student id {sid!r:.80} (1-64 letters, digits, '.', '_' or '-', "
+                    f"{path}:{line}: invalid student id {ascii(sid):.80} (1-64 letters, digits, '.', '_' or '-', "
                     "starting with a letter or digit)"
                 )
             if sid.lower() in seen:

@@ -370,3 +370,21 @@ def test_student_id_pattern_refuses_a_trailing_newline():
     with pytest.raises(workspace.WorkspaceError):
         workspace.check_student_id("s1\n")
     assert workspace.check_student_id("s1") == "s1"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("student_id,name,student_id\ns1,Alice,s2\n", "two 'student_id' columns"),
+    ('student_id\n"s1\n', "not CSV"),
+    ("student_id\ns\u04301\n", "'s\\u04301'"),  # a Cyrillic a: shown as what it is
+])
+def test_ambiguous_or_deceptive_rosters_are_refused(tmp_path, text, words):
+    path = tmp_path / "roster.csv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RosterError, match=re.escape(words)):
+        load_roster(path)
+
+
+def test_token_shows_a_look_alike_id_as_what_it_is(capsys, monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    assert cli.main(["token", "s\u04301"]) == 2
+    assert "'s\\u04301'" in capsys.readouterr().err
