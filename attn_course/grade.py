@@ -91,6 +91,13 @@ class BatchRefused(OutputFolderError):
     secret, no archives) or while another grader writes there; nothing is graded or written."""
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
 def claim_output(out: Path) -> None:
     """Make ``out`` the grading folder (created if need be, private: mode 0700).
 
@@ -489,6 +496,10 @@ class Grader:
                 f"{other[0]}; this one is {self.fingerprint}): a mistyped ATTN_COURSE_SECRET? Set the one they "
                 "were graded with, or pass --regrade to grade every archive again under this one; nothing "
                 "was graded")
+        future = [a for a in archives if _mtime(a) > time.time() + 3600]
+        if future:
+            self.log(f"warning: {len(future)} archives were received in the future by this machine's clock "
+                     f"(e.g. {terminal(future[0].name, 80)}): a late policy counts them as late")
         names = {self.result_path(a).name for a in archives} | {result_name(a, 8) for a in archives}
         away = [p for p in results.glob("*.json") if p.name not in names] if results.is_dir() else []
         if away:
@@ -532,7 +543,12 @@ class Grader:
     def _run_batch(self, submissions: Path, regrade: bool) -> list[ArchiveResult]:
         if not Path(submissions).is_dir():
             raise FileNotFoundError(f"no folder of submissions at {submissions}")
-        archives = sorted(p for p in Path(submissions).iterdir() if p.name.endswith(".zip"))
+        entries = list(Path(submissions).iterdir())
+        archives = sorted(p for p in entries if p.name.lower().endswith(".zip"))  # (UPPER.ZIP too)
+        skipped_files = sorted(p.name for p in entries if not p.name.lower().endswith(".zip"))
+        if skipped_files:
+            self.log(f"{len(skipped_files)} entries of {terminal(str(submissions), 200)} are not archives (*.zip) "
+                     f"and are not graded (e.g. {terminal(skipped_files[0], 80)})")
         self._check_batch(Path(submissions), archives, regrade)
         self._late_policy()
         todo = [a for a in archives if regrade or not self.done(a)]

@@ -293,7 +293,7 @@ def main_similarity(args) -> int:
     if not results:
         raise FileNotFoundError(f"no grading results in {out / 'results'}: run `attn-course grade` first")
     graded = {r.archive for r in results}
-    if not any(p.name in graded for p in subs.iterdir() if p.name.endswith(".zip")):
+    if not any(p.name in graded for p in subs.iterdir() if p.name.lower().endswith(".zip")):
         # (a report of 0 pairs among 0 students replaced the folder's real one)
         print(f"attn-course: none of the archives in {terminal(str(subs), 200)} was graded into "
               f"{terminal(str(out), 200)}: name the submissions folder that was graded there "

@@ -157,3 +157,18 @@ def test_a_bad_nbgrader_database_is_refused_before_grading(env, tmp_path, capsys
     rc, stdout, err = _grade(subs, out, capsys, "--nbgrader", url)
     assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists() and precious.read_text() == "a,b\n1,2\n"
+
+
+def test_odd_entries_of_the_submissions_folder_are_named(env, tmp_path, capsys):
+    """UPPER.ZIP was skipped silently, as was every other file; a receipt time in the future
+    (a wrong clock) was taken without a word."""
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    (subs / "s1.zip").rename(subs / "S1-UPPER.ZIP")
+    (subs / "notes.txt").write_text("not an archive\n")
+    os.utime(subs / "forged.zip", (4_000_000_000, 4_000_000_000))  # 2096
+    rc, stdout, err = _grade(subs, out, capsys)
+    assert rc == 0, err
+    assert "1 entries of" in stdout and "(e.g. notes.txt)" in stdout
+    assert "received in the future" in stdout and "forged.zip" in stdout
+    assert set(_rows(out)) == {"s1"}  # the upper-case archive was graded
