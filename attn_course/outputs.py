@@ -6,7 +6,7 @@ student's feedback, a corrected row of the Canvas export): a rerun restored
 the generated version silently.  :class:`Outputs` records the SHA-256 of what
 it wrote (``GRADING/.written.json``); a file that is no longer what was
 written is the instructor's, kept as it is, and the run writes its own version
-beside it (``gradebook.new.csv``) and says so, unless it is the same as what
+beside it (``gradebook.csv.new``) and says so, unless it is the same as what
 was written before (nothing new to show).  A folder graded before this
 record existed is written as before.
 """
@@ -23,14 +23,15 @@ LEDGER = ".written.json"
 
 
 def beside(path: Path) -> Path:
-    """Where a run's version of an edited file goes: ``report.md`` -> ``report.new.md``."""
-    return path.with_name(f"{path.stem}.new{path.suffix}")
+    """Where a run's version of an edited file goes: ``report.md`` -> ``report.md.new``.  (Not
+    ``report.new.md``: student ``s1.new``'s feedback is ``feedback/s1.new.md``; no file the grader
+    writes ends in ``.new``.)"""
+    return path.with_name(f"{path.name}.new")
 
 
 def is_beside_name(name: str, names: frozenset[str] | set[str]) -> bool:
-    """Whether ``name`` is :func:`beside` one of ``names`` (``report.new.md`` for ``report.md``)."""
-    stem, dot, suffix = name.rpartition(".")
-    return stem.endswith(".new") and f"{stem[:-4]}{dot}{suffix}" in names
+    """Whether ``name`` is :func:`beside` one of ``names`` (``report.md.new`` for ``report.md``)."""
+    return name.endswith(".new") and name[:-4] in names
 
 
 def _digest(data: bytes) -> str:

@@ -141,7 +141,7 @@ def test_the_figure_is_written_again_only_when_what_it_shows_changed(tmp_path):
     best["d"] = _graded("d", {})
     assert write_outputs(tmp_path, list(best.values()), EX) == ["histograms.svg"]
     assert svg.read_bytes() == b"the instructor's figure"
-    assert "Totals (4 students" in (tmp_path / "histograms.new.svg").read_text()
+    assert "Totals (4 students" in (tmp_path / "histograms.svg.new").read_text()
     svg.unlink()  # removed: written again
     write_outputs(tmp_path, list(best.values()), EX)
     assert svg.read_bytes().startswith(b"<svg")

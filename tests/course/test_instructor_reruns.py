@@ -120,22 +120,26 @@ def test_outputs_the_instructor_edited_are_kept(env, tmp_path, capsys):
     generated files silently.  Kept now; a run whose version differs writes it beside them."""
     subs, out = tmp_path / "submitted", tmp_path / "grading"
     _class(subs)
+    # a student whose id is what a naive name beside s1's feedback would be (s1.new.md)
+    build_archive(subs / "s1new.zip", "s1.new", library_files(ROOT), token=token_for("s1.new", SECRET))
     rc, _, err = _grade(subs, out, capsys)
     assert rc == 0, err
+    theirs = (out / "feedback" / "s1.new.md").read_text()
     edited = {"feedback/s1.md": "Well done. -- the instructor\n", "gradebook.csv": "student_id,total\ns1,99\n"}
     for rel, text in edited.items():
         (out / rel).write_text(text)
     rc, stdout, err = _grade(subs, out, capsys)  # nothing new to show: the edits stay, nothing beside
     assert rc == 0, err
     assert {rel: (out / rel).read_text() for rel in edited} == edited
-    assert not list(out.rglob("*.new.*")) and "kept" not in stdout
+    assert not list(out.rglob("*.new")) and "kept" not in stdout
     rc, stdout, err = _grade(subs, out, capsys, "--deadline", "2023-11-14T22:13:20+00:00", "--late-penalty", "10")
     assert rc == 0, err  # (the folder, with its .new files, is still the grader's)
     assert {rel: (out / rel).read_text() for rel in edited} == edited
-    assert "days_late" in (out / "gradebook.new.csv").read_text()
-    assert "late" in (out / "feedback" / "s1.new.md").read_text()
-    assert "kept gradebook.csv, edited since it was written; this run's version is gradebook.new.csv" in stdout
+    assert "days_late" in (out / "gradebook.csv.new").read_text()
+    assert "late" in (out / "feedback" / "s1.md.new").read_text()
+    assert "kept gradebook.csv, edited since it was written; this run's version is gradebook.csv.new" in stdout
     assert "report.md" not in stdout  # what nobody edited is written as before
+    assert "days_late" not in theirs and "late" in (out / "feedback" / "s1.new.md").read_text()  # their own
     rc, _, err = _grade(subs, out, capsys)
     assert rc == 0, err
 
