@@ -679,6 +679,10 @@ def _bad_option(args) -> str | None:
                 "(give the cluster more workers instead)")
     if args.jobs is not None and args.jobs < 1:
         return f"--jobs must be a number of workers of at least 1, got {args.jobs}"
+    out, subs = Path(args.out).resolve(), Path(args.submissions).resolve()
+    if out == subs or subs in out.parents:  # (its folder was then graded as a rejected "archive" each run)
+        return (f"--out {terminal(args.out, 200)} is inside the submissions folder {terminal(args.submissions, 200)}: "
+                "grade into a folder beside it")
     if getattr(args, "nbgrader", None) is not None:
         problem = _bad_database(args.nbgrader)
         if problem:

@@ -92,10 +92,13 @@ def test_an_empty_submissions_folder_leaves_the_grading_as_it_was(env, tmp_path,
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     empty = tmp_path / "empty"
     empty.mkdir()
-    for folder in (empty, out):  # a wrong path, or the grading folder itself
-        rc, _, err = _grade(folder, out, capsys)
-        assert rc == 2 and "no archives (*.zip) in" in err and "Traceback" not in err, err
+    rc, _, err = _grade(empty, out, capsys)  # a wrong path
+    assert rc == 2 and "no archives (*.zip) in" in err and "Traceback" not in err, err
+    rc, _, err = _grade(out, out, capsys)  # the grading folder itself
+    assert rc == 2 and "is inside the submissions folder" in err, err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    rc, _, err = _grade(subs, subs / "g.zip", capsys)  # a grading folder inside the submissions
+    assert rc == 2 and "is inside the submissions folder" in err and not (subs / "g.zip").exists(), err
 
 
 def test_a_second_grader_on_the_same_folder_is_refused(env, tmp_path, capsys):
