@@ -65,9 +65,10 @@ HOSTILE = {
     "system_exit": ("def entropy(A, mask=None):\n    raise SystemExit(0)\n", ["3.2"], "exited early"),
     "patch_numpy": ("import numpy as _np\n_np.allclose = lambda *a, **k: True\n_np.isclose = lambda a, b, **k: _np.ones(_np.shape(a), bool)\n"
                     "_np.array_equal = lambda *a, **k: True\n"
-                    "def log_partition_function(S, mask=None, T=1.0):\n    return S[..., 0] * 0\n", ["3.1"], "differs"),
+                    "def log_partition_function(S, mask=None, T=1.0):\n    return S[..., 0] * 0\n", list(FULL),
+                    "changed code it does not own"),  # (attn_course.tamper: every exercise of the job)
     "patch_jax": ("import jax.numpy as _jnp\n_jnp.allclose = lambda *a, **k: True\n_jnp.isclose = lambda *a, **k: True\n"
-                  "def entropy(A, mask=None):\n    return A[..., 0] * 0 + 1\n", ["3.2"], "differs"),
+                  "def entropy(A, mask=None):\n    return A[..., 0] * 0 + 1\n", list(FULL), "changed code it does not own"),
     "patch_helpers": ("import attn_course.worker as _w, attn_course.runner as _r, attn_course.values as _v\n"
                       "_r.compare_values = lambda *a, **k: ''\n"
                       "_w.evaluate = lambda fn, probe, inputs: {'status': 'ok', 'value': {'F': 0.0}}\n"
