@@ -133,16 +133,31 @@ def take() -> Baseline:
                 cells.append(cell)
                 cell_names.append(f"{name} (its closure's {fn.__code__.co_freevars[k]})")
     groups.append(_attributes(cells, "cell_contents", cell_names))
+    # the modules themselves (a copy of jax put in sys.modules is what `import jax` then gives), and
+    # the rule registries as objects (rebound to a copied dict, JAX reads the copy)
+    modules = sorted(m.__name__ for m in _watched_modules())
+    groups.append(_entries(sys.modules, modules, lambda n: f"sys.modules[{n!r}]"))
+    for module_name, attr in REGISTRIES:
+        module = sys.modules.get(module_name)
+        if module is not None and attr in vars(module):
+            groups.append(_entries(vars(module), [attr], lambda a, c=module_name: f"{c}.{a}"))
     return Baseline(tuple(groups))
 
 
-def changed(base: Baseline) -> str | None:
-    """The first watched thing that is not what it was when ``base`` was taken (its name), or None."""
+def changed(base: Baseline, _is=operator.is_, _all=all, _map=map, _profile=sys.getprofile,
+            _trace=sys.gettrace) -> str | None:
+    """The first watched thing that is not what it was when ``base`` was taken (its name), or None.
+
+    What it calls is bound as it is defined (a submission that replaced ``operator.is_`` made
+    every comparison equal), and a profile or trace hook is a change too: one can put back what
+    the job changed just as the check starts (no honest code sets one)."""
+    if _profile() is not None or _trace() is not None:
+        return "a profile or trace hook (sys.setprofile, sys.settrace)"
     for group in base.groups:
         try:
             now = group.fetch()
         except ValueError:  # a closure's cell emptied
             return group.names[0] if group.names else "a closure"
-        if not all(map(operator.is_, now, group.before)):
+        if not _all(_map(_is, now, group.before)):
             return next(n for n, a, b in zip(group.names, now, group.before) if a is not b)
     return None

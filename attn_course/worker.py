@@ -565,6 +565,8 @@ def import_failure(err: BaseException) -> str:
 
 
 _RAN = [0]  # calls of the submission's functions (and its package's and cells' runs) so far
+_HOOKED = [False]  # whether a profile or trace hook was set as a submission's function ran
+_getprofile, _gettrace = sys.getprofile, sys.gettrace
 _BASELINE: Any = None  # what the watched code was before any job (attn_course.tamper), in a template
 
 
@@ -577,7 +579,11 @@ def as_graded(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def call(*args, **kwargs):
         _RAN[0] += 1  # the submission's code runs (run_job looks for what it changed before reporting)
+        if _getprofile() is not None or _gettrace() is not None:  # (one could put back, at the
+            _HOOKED[0] = True                                     # check, what the job changed)
         out = fn(*args, **kwargs)
+        if _getprofile() is not None or _gettrace() is not None:
+            _HOOKED[0] = True
         if isinstance(out, list):
             raise NotPlainValue("the result is a Python list, expected an array: make it one with xp.asarray")
         return out
@@ -631,12 +637,18 @@ def run_job(job: dict, package: Path, out) -> None:
 
     looked = [-1, ""]  # _RAN when the job last looked for code it changed, and what it found
 
+    def look() -> None:
+        """Whether the submission changed what checks it (:mod:`attn_course.tamper`): as its cases
+        are traced, before any result is reported, and again wherever its code ran since."""
+        if not looked[1] and (looked[0] == -1 or looked[0] != _RAN[0]):
+            looked[0] = _RAN[0] if _RAN[0] != -1 else 0
+            looked[1] = ("a profile or trace hook (sys.setprofile, sys.settrace)" if _HOOKED[0]
+                         else tamper.changed(base) or "")
+
     def report(ex_id: str, results: list[dict]) -> None:
         # results computed with code the submission changed (a probe, jax.value_and_grad, a
         # derivative rule) are not its own function's: the exercise is "tampered", and every later one
-        if not looked[1] and looked[0] != _RAN[0]:
-            looked[0] = _RAN[0]
-            looked[1] = tamper.changed(base) or ""
+        look()
         if looked[1]:
             results = [{"status": "tampered", "message": f"{values.TAMPERED}: {looked[1]}"[:MAX_MESSAGE]}] * len(results)
         line({"id": ex_id, "results": values.encode(results)})
@@ -650,7 +662,12 @@ def run_job(job: dict, package: Path, out) -> None:
             for it in items:
                 evaluate_job([it], function, start=start, report=report)
         else:
-            evaluate_job(items, function, start=start, phase=lambda name: line({"phase": name}), report=report)
+            def phase(name: str) -> None:
+                looked[0] = -1  # the whole job is traced: what it changed to trace it is still there
+                look()
+                line({"phase": name})
+
+            evaluate_job(items, function, start=start, phase=phase, report=report)
         return
     for item in job["exercises"]:
         ex = exercises[item["id"]]

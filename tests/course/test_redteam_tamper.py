@@ -79,6 +79,89 @@ def _finite_sum(x):
 import sys as _sys
 _sys.modules["attn_course.specs._gen"].finite_sum.__code__ = _finite_sum.__code__
 ''',
+    # a second red team's evasions of the first check, each with the wrap above:
+    # the worker's run counter made constant, so that it never looked
+    "counter": b'''
+import sys as _sys
+class _Const(list):
+    def __getitem__(self, i): return -1
+    def __setitem__(self, i, v): pass
+_sys.modules["attn_course.worker"]._RAN = _Const([0])
+import jax as _jax, jax.numpy as _jnp
+_orig = _jax.value_and_grad
+def _vag(fun, *a, **k):
+    inner = _orig(fun, *a, **k)
+    def h(*args, **kw):
+        v, g = inner(*args, **kw)
+        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
+    return h
+_jax.value_and_grad = _vag
+''',
+    # the comparison the check made, replaced
+    "operator": b'''
+import operator as _op
+_op.is_ = lambda a, b: True
+import jax as _jax, jax.numpy as _jnp
+_orig = _jax.value_and_grad
+def _vag(fun, *a, **k):
+    inner = _orig(fun, *a, **k)
+    def h(*args, **kw):
+        v, g = inner(*args, **kw)
+        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
+    return h
+_jax.value_and_grad = _vag
+''',
+    # a copy of the jax module in sys.modules (the probe imports jax as it runs)
+    "modules": b'''
+import sys as _sys, types as _types
+import jax as _jax, jax.numpy as _jnp
+_orig = _jax.value_and_grad
+def _vag(fun, *a, **k):
+    inner = _orig(fun, *a, **k)
+    def h(*args, **kw):
+        v, g = inner(*args, **kw)
+        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
+    return h
+_fake = _types.ModuleType("jax")
+_fake.__dict__.update(_jax.__dict__)
+_fake.value_and_grad = _vag
+_sys.modules["jax"] = _fake
+''',
+    # JAX's registry of derivative rules rebound to a copy with log's rule changed
+    "registry": b'''
+def _patch():
+    from jax._src.interpreters import ad
+    from jax._src.lax import lax
+    import jax.numpy as jnp
+    new = dict(ad.primitive_jvps)
+    def jvp(primals, tangents, **params):
+        (x,), (t,) = primals, tangents
+        out = lax.log_p.bind(jnp.where(x == 0, jnp.ones_like(x), x), **params)
+        if isinstance(t, ad.Zero):
+            return out, t
+        return out, t * jnp.where(x == 0, jnp.zeros_like(x), 1.0 / jnp.where(x == 0, jnp.ones_like(x), x))
+    new[lax.log_p] = jvp
+    ad.primitive_jvps = new
+_patch()
+''',
+    # the wrap put back by a profile hook as the worker's checks begin
+    "hook": b'''
+import sys as _sys
+import jax as _jax, jax.numpy as _jnp
+_orig = _jax.value_and_grad
+def _vag(fun, *a, **k):
+    inner = _orig(fun, *a, **k)
+    def h(*args, **kw):
+        v, g = inner(*args, **kw)
+        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
+    return h
+_jax.value_and_grad = _vag
+def _prof(frame, event, arg):
+    if event == "call" and frame.f_code.co_name in ("phase", "look", "report", "changed"):
+        _jax.value_and_grad = _orig
+        _sys.setprofile(None)
+_sys.setprofile(_prof)
+''',
 }
 
 
