@@ -58,7 +58,7 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
     write(out / "gradebook.csv", buf.getvalue())
     write_exports(out, list(rows.values()), exercises, assignment, write)
     for sid, r in best.items():
-        write(out / "feedback" / f"{sid}.md", feedback_text(r, exercises, rows[sid] if late else None, late))
+        write(out / "feedback" / feedback_name(sid, best), feedback_text(r, exercises, rows[sid] if late else None, late))
     rejected = [r for r in results if r.rejected]
     for r in rejected:
         name = result_name(Path(r.archive)).removesuffix(".json")
@@ -67,6 +67,16 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
     write_report(out, results, best, exercises, roster, write)
     outputs.close()
     return outputs.kept
+
+
+def feedback_name(student_id: str, students) -> str:
+    """``feedback/<id>.md``; where another student's id differs from it only in case (``s1`` and ``S1``,
+    two students without a roster), with a digest of the id: on macOS's and Windows's file systems
+    the two files were one, and the second student's feedback replaced the first's."""
+    lower = student_id.lower()
+    if sum(1 for other in students if other.lower() == lower) > 1:
+        return f"{student_id}-{hashlib.sha256(student_id.encode()).hexdigest()[:8]}.md"
+    return f"{student_id}.md"
 
 
 def _case_lines(fb: dict) -> list[str]:

@@ -156,3 +156,15 @@ def test_the_figure_is_written_again_only_when_what_it_shows_changed(tmp_path):
     key.write_text(f"{'0' * 64} {'1' * 64}\n")
     write_outputs(tmp_path, list(best.values()), EX)
     assert png.read_bytes() == b"\x89PNG someone's"
+
+
+def test_students_whose_ids_differ_only_in_case_get_feedback_files_of_their_own(tmp_path):
+    """s1 and S1 (two students without a roster): feedback/s1.md and feedback/S1.md are one file
+    on macOS's and Windows's file systems, and the second replaced the first."""
+    best = {"s1": _graded("s1", {}), "S1": _graded("S1", {"3.1": for_exercise("3.1")[0].key}), "t2": _graded("t2", {})}
+    write_outputs(tmp_path, list(best.values()), EX)
+    names = sorted(p.name for p in (tmp_path / "feedback").glob("*.md"))
+    assert "t2.md" in names and len(names) == 3
+    assert len({n.lower() for n in names}) == 3  # apart on a file system that ignores case
+    texts = {n: (tmp_path / "feedback" / n).read_text() for n in names if n != "t2.md"}
+    assert len(set(texts.values())) == 2  # each student's own
