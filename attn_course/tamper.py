@@ -49,6 +49,11 @@ REGISTRIES = (
 )
 """JAX's rules for its primitives, by primitive: a rule replaced changes every derivative of it."""
 
+CODE_WATCHED = ("jax", "jax._src.api", "jax._src.interpreters.ad")
+"""Modules whose functions' code is compared too, besides the course's own: JAX's autodiff entry
+points and rules.  (Reading a function's code in a forked job copies the page it is on: every
+function of the watched modules cost a job about 6 ms more.)"""
+
 _METHODS = (types.FunctionType, classmethod, staticmethod, property)
 
 
@@ -88,11 +93,12 @@ def _attributes(objects: list, attr: str, names: list[str]) -> Group:
 def take() -> Baseline:
     """What the watched code is now (before a job's package is loaded)."""
     groups: list[Group] = []
-    functions: list[tuple[str, types.FunctionType]] = []
+    functions: list[tuple[str, types.FunctionType]] = []  # (of the modules whose code is compared)
     primitive = getattr(sys.modules.get("jax._src.core"), "Primitive", None)
     for module in _watched_modules():
         where = module.__name__
         space = module.__dict__
+        code = where in CODE_WATCHED or where.split(".")[0] == "attn_course"
         keys = []
         for key, value in list(space.items()):
             if isinstance(value, types.ModuleType):
@@ -104,7 +110,9 @@ def take() -> Baseline:
                     if methods:
                         groups.append(_entries(vars(value), [a for a, _ in methods],
                                                lambda a, c=f"{where}.{key}": f"{c}.{a}"))
-                        functions += [(f"{where}.{key}.{a}", m) for a, m in methods if isinstance(m, types.FunctionType)]
+                        if code:
+                            functions += [(f"{where}.{key}.{a}", m) for a, m in methods
+                                          if isinstance(m, types.FunctionType)]
             elif primitive is not None and isinstance(value, primitive):
                 own = vars(value)
                 attrs = [a for a, m in list(own.items()) if callable(m)]
@@ -112,7 +120,7 @@ def take() -> Baseline:
                     groups.append(_entries(own, attrs, lambda a, c=f"{where}.{key}": f"{c}.{a}"))
             elif callable(value):
                 keys.append(key)
-                if isinstance(value, types.FunctionType):
+                if code and isinstance(value, types.FunctionType):
                     functions.append((f"{where}.{key}", value))
         groups.append(_entries(space, keys, lambda k, c=where: f"{c}.{k}"))
     for module_name, attr in REGISTRIES:
@@ -120,8 +128,7 @@ def take() -> Baseline:
         if isinstance(rules, dict):
             groups.append(_entries(rules, list(rules), lambda p, c=f"{module_name}.{attr}": f"{c}[{p}]"))
     names, fns = [n for n, _ in functions], [f for _, f in functions]
-    for attr in ("__code__", "__defaults__", "__kwdefaults__"):
-        groups.append(_attributes(fns, attr, names))
+    groups.append(_attributes(fns, "__code__", names))
     cells, cell_names = [], []
     for name, fn in functions:
         for k, cell in enumerate(fn.__closure__ or ()):

@@ -1227,8 +1227,8 @@ def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool 
             os._exit(0)  # the server is gone
         order = json.loads(msg)
         if "warm" in order:
-            warm.warm({(tuple(shape), dtype) for shape, dtype in order["warm"]}, warmed)
-            _BASELINE = tamper.take()
+            if warm.warm({(tuple(shape), dtype) for shape, dtype in order["warm"]}, warmed):
+                _BASELINE = tamper.take()  # (only where it traced something new)
             sock.send(json.dumps({"backend": warm.backend_started()}).encode())
             continue
         (results,) = fds
