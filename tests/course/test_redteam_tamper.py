@@ -30,6 +30,18 @@ pytestmark = pytest.mark.slow
 SECRET = "tamper-secret"
 GUARD = b"A_safe = xp.where(keep, A, xp.ones_like(A))"
 
+# JAX's value_and_grad wrapped so that a nan gradient comes out 0 (bound as _vag; most attacks install it)
+_WRAP = b'''
+import jax as _jax, jax.numpy as _jnp
+_orig = _jax.value_and_grad
+def _vag(fun, *a, **k):
+    inner = _orig(fun, *a, **k)
+    def h(*args, **kw):
+        v, g = inner(*args, **kw)
+        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
+    return h
+'''
+
 # each appended to a statmech.py whose entropy has the mistake (A_safe = A)
 ATTACKS = {
     "probe": b'''
@@ -47,16 +59,7 @@ def _patch():
     g.value_and_grad_aux = vga
 _patch()
 ''',
-    "jax": b'''
-import jax as _jax, jax.numpy as _jnp
-_orig = _jax.value_and_grad
-def _vag(fun, *a, **k):
-    inner = _orig(fun, *a, **k)
-    def h(*args, **kw):
-        v, g = inner(*args, **kw)
-        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
-    return h
-_jax.value_and_grad = _vag
+    "jax": _WRAP + b'''_jax.value_and_grad = _vag
 ''',
     # a derivative rule of JAX's own: log's tangent, made finite (no name of a module attribute changes)
     "rule": b'''
@@ -87,42 +90,18 @@ class _Const(list):
     def __getitem__(self, i): return -1
     def __setitem__(self, i, v): pass
 _sys.modules["attn_course.worker"]._RAN = _Const([0])
-import jax as _jax, jax.numpy as _jnp
-_orig = _jax.value_and_grad
-def _vag(fun, *a, **k):
-    inner = _orig(fun, *a, **k)
-    def h(*args, **kw):
-        v, g = inner(*args, **kw)
-        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
-    return h
-_jax.value_and_grad = _vag
+''' + _WRAP + b'''_jax.value_and_grad = _vag
 ''',
     # the comparison the check made, replaced
     "operator": b'''
 import operator as _op
 _op.is_ = lambda a, b: True
-import jax as _jax, jax.numpy as _jnp
-_orig = _jax.value_and_grad
-def _vag(fun, *a, **k):
-    inner = _orig(fun, *a, **k)
-    def h(*args, **kw):
-        v, g = inner(*args, **kw)
-        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
-    return h
-_jax.value_and_grad = _vag
+''' + _WRAP + b'''_jax.value_and_grad = _vag
 ''',
     # a copy of the jax module in sys.modules (the probe imports jax as it runs)
     "modules": b'''
 import sys as _sys, types as _types
-import jax as _jax, jax.numpy as _jnp
-_orig = _jax.value_and_grad
-def _vag(fun, *a, **k):
-    inner = _orig(fun, *a, **k)
-    def h(*args, **kw):
-        v, g = inner(*args, **kw)
-        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
-    return h
-_fake = _types.ModuleType("jax")
+''' + _WRAP + b'''_fake = _types.ModuleType("jax")
 _fake.__dict__.update(_jax.__dict__)
 _fake.value_and_grad = _vag
 _sys.modules["jax"] = _fake
@@ -147,15 +126,7 @@ _patch()
     # the wrap put back by a profile hook as the worker's checks begin
     "hook": b'''
 import sys as _sys
-import jax as _jax, jax.numpy as _jnp
-_orig = _jax.value_and_grad
-def _vag(fun, *a, **k):
-    inner = _orig(fun, *a, **k)
-    def h(*args, **kw):
-        v, g = inner(*args, **kw)
-        return v, _jax.tree_util.tree_map(lambda t: _jnp.nan_to_num(t, nan=0.0), g)
-    return h
-_jax.value_and_grad = _vag
+''' + _WRAP + b'''_jax.value_and_grad = _vag
 def _prof(frame, event, arg):
     if event == "call" and frame.f_code.co_name in ("phase", "look", "report", "changed"):
         _jax.value_and_grad = _orig
