@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -306,22 +307,29 @@ class Grader:
         return self.out / "results" / result_name(archive)
 
     def done(self, archive: Path) -> bool:
+        return self._finished(archive) is not None
+
+    def _finished(self, archive: Path) -> ArchiveResult | None:
+        """The archive's result where it needs no grading again (same bytes, secret, exercises,
+        backend and identity rule), else None."""
         old = own_result(self.out / "results", archive)
         if old is None or old.error:
-            return False
+            return None
         try:
             digest = sha256_file(archive)
         except OSError:
-            return False
-        return (old.sha256 == digest and old.secret == self.fingerprint
+            return None
+        same = (old.sha256 == digest and old.secret == self.fingerprint
                 and old.exercises == [e.id for e in self.exercises] and old.backend == self.backend
                 and old.identity_policy == self.identity_policy)
+        return old if same else None
 
-    @property
+    @functools.cached_property
     def identity_policy(self) -> str:
         """The rule an archive's identity is checked under (whether a token is required, and the
         roster's students): a result checked under another (a run without ``--roster``, or with
-        ``--trust-manifest-ids``) is not done, so a forged or unlisted archive is checked again."""
+        ``--trust-manifest-ids``) is not done, so a forged or unlisted archive is checked again.
+        (Once per grader: a roster of thousands, sorted and hashed for each archive, cost seconds.)"""
         roster = sorted(self.roster.ids) if self.roster is not None else None
         return hashlib.sha256(json.dumps([self.require_token, roster]).encode()).hexdigest()[:16]
 
@@ -506,15 +514,14 @@ class Grader:
             self.log(f"warning: {len(away)} results in {terminal(str(results), 200)} are of archives that are "
                      f"not in {shown}: they are kept, but left out of this gradebook and the exports")
 
-    def _received_again(self, archive: Path) -> None:
+    def _received_again(self, archive: Path, old: ArchiveResult) -> None:
         """A finished archive's receipt time read again: one the instructor corrected (an extension,
         a download with the platform's times) counts from now on (the late policy, the latest)."""
-        old = own_result(self.out / "results", archive)
         try:
             now = os.lstat(archive).st_mtime
         except OSError:
             return
-        if old is not None and old.received != now:
+        if old.received != now:
             self.log(f"{terminal(archive.name, 120)}: its receipt time changed since it was graded; the new one counts")
             atomic_write(self.result_path(archive), json.dumps(asdict(replace(old, received=now)), indent=1))
 
@@ -551,9 +558,13 @@ class Grader:
                      f"and are not graded (e.g. {terminal(skipped_files[0], 80)})")
         self._check_batch(Path(submissions), archives, regrade)
         self._late_policy()
-        todo = [a for a in archives if regrade or not self.done(a)]
-        for archive in set(archives) - set(todo):
-            self._received_again(archive)
+        todo = []
+        for archive in archives:
+            old = None if regrade else self._finished(archive)
+            if old is None:
+                todo.append(archive)
+            else:
+                self._received_again(archive, old)
         skipped = len(archives) - len(todo)
         where = f"Dask cluster {terminal(self.scheduler, 200)}" if self.scheduler else f"{self.jobs} workers"
         self.log(f"{len(archives)} archives; {skipped} already graded, {len(todo)} to grade "
