@@ -67,6 +67,7 @@ class Group(NamedTuple):
 
 class Baseline(NamedTuple):
     groups: tuple[Group, ...]
+    hooks: tuple = (None, None)  # the profile and trace hooks when taken (a coverage tool's, a debugger's)
 
     def __len__(self) -> int:
         return sum(len(g.before) for g in self.groups)
@@ -148,7 +149,7 @@ def take() -> Baseline:
         module = sys.modules.get(module_name)
         if module is not None and attr in vars(module):
             groups.append(_entries(vars(module), [attr], lambda a, c=module_name: f"{c}.{a}"))
-    return Baseline(tuple(groups))
+    return Baseline(tuple(groups), (sys.getprofile(), sys.gettrace()))
 
 
 def changed(base: Baseline, _is=operator.is_, _all=all, _map=map, _profile=sys.getprofile,
@@ -156,9 +157,10 @@ def changed(base: Baseline, _is=operator.is_, _all=all, _map=map, _profile=sys.g
     """The first watched thing that is not what it was when ``base`` was taken (its name), or None.
 
     What it calls is bound as it is defined (a submission that replaced ``operator.is_`` made
-    every comparison equal), and a profile or trace hook is a change too: one can put back what
-    the job changed just as the check starts (no honest code sets one)."""
-    if _profile() is not None or _trace() is not None:
+    every comparison equal), and a profile or trace hook other than the one there when ``base`` was
+    taken is a change too: one can put back what the job changed just as the check starts (no
+    honest code sets one; a coverage tool's or a debugger's, set before, is not the job's)."""
+    if _profile() is not base.hooks[0] or _trace() is not base.hooks[1]:
         return "a profile or trace hook (sys.setprofile, sys.settrace)"
     for group in base.groups:
         try:

@@ -566,6 +566,7 @@ def import_failure(err: BaseException) -> str:
 
 _RAN = [0]  # calls of the submission's functions (and its package's and cells' runs) so far
 _HOOKED = [False]  # whether a profile or trace hook was set as a submission's function ran
+_HOOKS = [(None, None)]  # the hooks before the job's package loaded (a coverage tool's: not the job's)
 _getprofile, _gettrace = sys.getprofile, sys.gettrace
 _BASELINE: Any = None  # what the watched code was before any job (attn_course.tamper), in a template
 
@@ -579,10 +580,10 @@ def as_graded(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def call(*args, **kwargs):
         _RAN[0] += 1  # the submission's code runs (run_job looks for what it changed before reporting)
-        if _getprofile() is not None or _gettrace() is not None:  # (one could put back, at the
-            _HOOKED[0] = True                                     # check, what the job changed)
+        if _getprofile() is not _HOOKS[0][0] or _gettrace() is not _HOOKS[0][1]:  # (a hook could put
+            _HOOKED[0] = True                                                   # back what it changed)
         out = fn(*args, **kwargs)
-        if _getprofile() is not None or _gettrace() is not None:
+        if _getprofile() is not _HOOKS[0][0] or _gettrace() is not _HOOKS[0][1]:
             _HOOKED[0] = True
         if isinstance(out, list):
             raise NotPlainValue("the result is a Python list, expected an array: make it one with xp.asarray")
@@ -605,6 +606,7 @@ def run_job(job: dict, package: Path, out) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}")
     base = _BASELINE if _BASELINE is not None else tamper.take()  # before any of the submission runs
+    _HOOKS[0] = (sys.getprofile(), sys.gettrace())
     try:
         load_package(package)
         load_error = None

@@ -215,3 +215,20 @@ def test_what_a_baseline_sees_changed():
         lax.log_p.impl = lambda *a, **k: None
         assert sees(lambda: setattr(lax.log_p, "impl", bind)).endswith("log_p.impl")
     assert tamper.changed(base) is None
+    # a hook there before the baseline (a coverage tool's, a debugger's) is not the job's; another is
+    import sys
+
+    def tool(frame, event, arg):
+        return None
+
+    def job(frame, event, arg):
+        return None
+
+    sys.setprofile(tool)
+    try:
+        before = tamper.take()
+        assert tamper.changed(before) is None
+        sys.setprofile(job)
+        assert tamper.changed(before) == "a profile or trace hook (sys.setprofile, sys.settrace)"
+    finally:
+        sys.setprofile(None)
