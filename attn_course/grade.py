@@ -703,10 +703,21 @@ def _bad_option(args) -> str | None:
     return setting_problem()
 
 
+def _shown_url(url: str) -> str:
+    """A database URL as the terminal shows it: its password hidden (``postgresql://u:***@h/db``)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL (said so by _bad_database): shown as given
+        pass
+    return terminal(url, 200)
+
+
 def _bad_database(url: str) -> str | None:
     """What is wrong with ``--nbgrader DB_URL``, found before the batch (it was found after it, with
     every archive graded, or never: an in-memory database took the scores and threw them away)."""
-    shown = terminal(url, 200)
+    shown = _shown_url(url)
     try:
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -820,13 +831,16 @@ def main_grade(args) -> int:
         db = args.nbgrader or f"sqlite:///{(Path(args.out) / 'nbgrader' / 'gradebook.db').resolve()}"
         try:
             write_gradebook(db, best, g.exercises, notebooks=args.notebooks, late=g.late)
-            csv_path = export_csv(db, Path(args.out))
+            export = export_csv(db, Path(args.out))
         except Exception as err:  # noqa: BLE001 - nbgrader's failure, reported as such
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             print(f"attn-course: writing nbgrader's gradebook failed: {type(err).__name__}: {terminal(first, 300)}",
                   file=sys.stderr)
             return 1
-        print(f"scores written to nbgrader's gradebook {db}; nbgrader export: {csv_path}")
+        if export.kept:
+            print(f"kept grades.csv, edited since it was written; this run's version is {export.path.name}")
+        print(f"scores written to nbgrader's gradebook {_shown_url(db)}; nbgrader export: "
+              f"{terminal(str(export.path), 300)}")
     failed = [r for r in results if r.error]
     if failed:
         print(f"attn-course: {len(failed)} archive(s) not graded ({terminal(failed[0].rejected, 300)}, ...): "

@@ -15,8 +15,10 @@ them unconfined, as the grader's user: ``nbgrader_config.py`` refuses it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from . import EXERCISES
 from .late import LatePolicy
@@ -83,7 +85,12 @@ def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebook
     fast_alembic_head()  # a new gradebook without a second Python for `alembic heads`
 
     if db_url.startswith("sqlite:///"):
-        Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(db_url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a new gradebook holds the class's grades: its owner's only (SQLite made it 0644)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        except FileExistsError:
+            pass  # (one there already keeps its mode: the instructor's, or nbgrader's own)
     groups = [("library", "library", "{label}", exercises, "scores")]
     if notebooks:
         for ch in sorted({e.chapter for e in exercises}):
@@ -116,22 +123,48 @@ def write_gradebook(db_url: str, best: dict, exercises: list[Exercise], notebook
                 gb.db.commit()
 
 
-def export_csv(db_url: str, out: Path) -> Path:
+class Export(NamedTuple):
+    """Where :func:`export_csv` wrote nbgrader's export, and whether the instructor's edited
+    ``grades.csv`` was kept (``path`` is then this run's version beside it)."""
+
+    path: Path
+    kept: bool
+
+
+def export_csv(db_url: str, out: Path) -> Export:
     """``nbgrader export`` of the gradebook into ``OUT/grades.csv``: nbgrader's own CSV exporter
     (the plugin the command runs), here, instead of a second Python that imports nbgrader again
-    (about 4 CPU-s); raises if nbgrader fails."""
+    (about 4 CPU-s); raises if nbgrader fails.
+
+    The export is written as the grading folder's other generated files
+    (:class:`attn_course.outputs.Outputs`): a ``grades.csv`` the instructor
+    edited since it was written is kept, and this run's version goes beside
+    it (``grades.csv.new``).
+    """
+    import tempfile
+
+    from .outputs import Outputs, beside
     from .quick_imports import skip_iri_parsers
+    from .run_dir import run_dir
 
     skip_iri_parsers()
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
 
-    target = Path(out).resolve() / "grades.csv"
-    try:
-        with Gradebook(db_url) as gb:
-            CsvExportPlugin(to=str(target)).export(gb)
-    except Exception as err:  # noqa: BLE001 - whatever nbgrader raises, said as the command would
-        raise RuntimeError(f"nbgrader export failed: {type(err).__name__}: {err}"[:1500]) from err
-    if not target.exists():
-        raise RuntimeError("nbgrader export failed: it wrote no grades.csv")
-    return target
+    out = Path(out).resolve()
+    target = out / "grades.csv"
+    # nbgrader's exporter writes its file in place: it writes into a private folder of the run,
+    # and the grading folder gets it as its other files
+    with tempfile.TemporaryDirectory(dir=run_dir()) as tmp:
+        staged = Path(tmp) / "grades.csv"
+        try:
+            with Gradebook(db_url) as gb:
+                CsvExportPlugin(to=str(staged)).export(gb)
+        except Exception as err:  # noqa: BLE001 - whatever nbgrader raises, said as the command would
+            raise RuntimeError(f"nbgrader export failed: {type(err).__name__}: {err}"[:1500]) from err
+        if not staged.exists():
+            raise RuntimeError("nbgrader export failed: it wrote no grades.csv")
+        outputs = Outputs(out)
+        outputs.write(target, staged.read_bytes())
+        outputs.close()
+    return Export(beside(target), True) if outputs.kept else Export(target, False)

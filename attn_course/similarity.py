@@ -45,7 +45,8 @@ from pathlib import Path
 from . import EXERCISES, RELEASE_LIBRARY
 from .archive import Rejected, library_files, read_submission
 from .notebook_cells import answer_cells
-from .results import ArchiveResult, atomic_write, latest_by_student
+from .outputs import Outputs, beside
+from .results import ArchiveResult, latest_by_student
 from .text import CUT, md_inline, plain, terminal
 from .workspace import ASSIGNMENT
 
@@ -90,6 +91,7 @@ class SimilarityReport:
     pairs: list[Pair] = field(default_factory=list)
     code: dict[tuple[str, str], str] = field(default_factory=dict)  # (student, module) -> their code
     skipped: list[str] = field(default_factory=list)  # archives that could not be read (why)
+    kept: list[str] = field(default_factory=list)  # its files the instructor edited, kept (written beside them)
 
 
 def student_code(source: str, stub: str) -> str:
@@ -275,8 +277,11 @@ def write_similarity(out: Path, submissions: Path, results: list[ArchiveResult],
     codes, stubs, skipped = class_codes(submissions, results, stub_library)
     rep = compare_class(codes, stubs, threshold)
     rep.skipped = skipped
-    atomic_write(Path(out) / "similarity" / "report.md", report_markdown(rep))
-    atomic_write(Path(out) / "similarity" / "index.html", report_html(rep))
+    outputs = Outputs(Path(out))  # a report the instructor annotated is kept (this run's goes beside it)
+    outputs.write(Path(out) / "similarity" / "report.md", report_markdown(rep))
+    outputs.write(Path(out) / "similarity" / "index.html", report_html(rep))
+    outputs.close()
+    rep.kept = list(outputs.kept)
     return rep
 
 
@@ -300,6 +305,9 @@ def main_similarity(args) -> int:
               "(its similarity report was left as it was)", file=sys.stderr)
         return 2
     rep = write_similarity(out, subs, results, args.threshold)
+    for rel in rep.kept:
+        print(f"kept {terminal(rel, 200)}, edited since it was written; this run's version is "
+              f"{terminal(beside(Path(rel)).as_posix(), 200)}")
     print(f"{len(rep.pairs)} pairs at or above {args.threshold:.0%} among {rep.students} students; "
           f"see {out / 'similarity' / 'report.md'}")
     return 0

@@ -129,7 +129,7 @@ def test_the_late_policy_reaches_the_notebooks_and_nbgraders_export(tmp_path):
     best = {r.student_id: r for r in results}
     for policy_now, factor in ((policy, half), (None, 1.0)):
         write_gradebook(db, best, EX, notebooks=True, late=policy_now)
-        rows = list(csv.DictReader(open(export_csv(db, tmp_path))))
+        rows = list(csv.DictReader(open(export_csv(db, tmp_path).path)))
         got = {(row["assignment"], row["student_id"]): row for row in rows}
         for assignment, total in raw.items():
             late, ontime = got[(assignment, "late")], got[(assignment, "ontime")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,44 @@ def test_odd_entries_of_the_submissions_folder_are_named(env, tmp_path, capsys):
     assert "1 entries of" in stdout and "(e.g. notes.txt)" in stdout
     assert "received in the future" in stdout and "forged.zip" in stdout
     assert set(_rows(out)) == {"s1"}  # the upper-case archive was graded
+
+
+def test_the_nbgrader_export_and_the_similarity_report_the_instructor_edited_are_kept(env, tmp_path, capsys):
+    """grades.csv (nbgrader's export) and the similarity report were written in place: an edited
+    one was lost at the next run.  They are kept now, as the grading folder's other files; a new
+    gradebook outside the grading folder is its owner's only, and no password reaches the terminal."""
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    db = tmp_path / "elsewhere" / "gradebook.db"
+    rc, stdout, err = _grade(subs, out, capsys, "--nbgrader", f"sqlite:///{db}")
+    assert rc == 0, err
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    edited = "student_id,score\ns1,99\n"
+    (out / "grades.csv").write_text(edited)
+    rc, stdout, err = _grade(subs, out, capsys, "--nbgrader", f"sqlite:///{db}")  # nothing new: kept, silent
+    assert rc == 0, err
+    assert (out / "grades.csv").read_text() == edited and not (out / "grades.csv.new").exists()
+    rc, stdout, err = _grade(subs, out, capsys, "--nbgrader", f"sqlite:///{db}",
+                             "--deadline", "2023-11-14T22:13:20+00:00", "--late-penalty", "10")
+    assert rc == 0, err
+    assert (out / "grades.csv").read_text() == edited
+    assert "kept grades.csv, edited since it was written; this run's version is grades.csv.new" in stdout
+    assert "s1" in (out / "grades.csv.new").read_text()
+
+    assert cli.main(["similarity", str(subs), "--out", str(out)]) == 0, capsys.readouterr().err
+    report = out / "similarity" / "report.md"
+    note = report.read_text() + "\nReviewed: no case to answer. -- the instructor\n"
+    report.write_text(note)
+    capsys.readouterr()
+    assert cli.main(["similarity", str(subs), "--out", str(out), "--threshold", "0.99"]) == 0
+    stdout = capsys.readouterr().out
+    assert report.read_text() == note
+    assert "99%" in (out / "similarity" / "report.md.new").read_text()
+    assert "kept similarity/report.md, edited since it was written" in stdout
+
+
+def test_a_database_password_is_not_shown(env, tmp_path, capsys):
+    subs, out = tmp_path / "submitted", tmp_path / "grading"
+    _class(subs)
+    rc, _, err = _grade(subs, out, capsys, "--nbgrader", "postgresql+nosuchdriver://user:hunter2@db.example/grades")
+    assert rc == 2 and "no driver for" in err and "hunter2" not in err and "***" in err, err
