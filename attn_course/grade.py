@@ -60,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from . import RELEASE_LIBRARY
+from . import EXERCISES, RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
 from .identity import secret_fingerprint
 from .interrupt import Interrupts
@@ -400,6 +400,23 @@ class Grader:
             self._untouched = copy.deepcopy((scores, feedback, spent))
         return scores, feedback, spent
 
+    @functools.cached_property
+    def _release_answers(self) -> dict[str, str]:
+        """The release notebooks' answer cells, by archive name (``notebooks/ch03.ipynb``)."""
+        from .notebook_cells import answer_cells
+
+        return {f"notebooks/{nb.name}": answer_cells(nb.read_bytes())
+                for nb in sorted(Path(EXERCISES).glob("ch*/ch*.ipynb"))}
+
+    def _review(self, sub, files: dict[str, str], result: ArchiveResult) -> None:
+        """What of the archive's code the class report lists for review (:mod:`attn_course.review`):
+        read, never run; no score depends on it."""
+        from .review import review_package
+
+        notebooks = {n: d for n, d in sub.files.items() if n.startswith("notebooks/") and n.endswith(".ipynb")}
+        flags, result.review_count = review_package(files, self.release, notebooks, self._release_answers)
+        result.review = [f.to_dict() for f in flags]
+
     @staticmethod
     def _reproducible(feedback: dict) -> bool:
         """No case of this verdict depends on the machine's state (a time limit, a crash)."""
@@ -430,6 +447,7 @@ class Grader:
                 return result
             budget = Budget(t0 + self.limits.per_archive_s)
             files = overlay(sub, self.release)
+            self._review(sub, files, result)
             result.backend = self.backend
             result.scores, result.feedback, result.budget_spent = self._library(slot, files, budget)
             if self.notebooks:

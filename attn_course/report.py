@@ -174,6 +174,40 @@ def _remove_old_png(out: Path) -> None:
         pass
 
 
+MAX_REVIEW_ROWS = 200  # rows of the report's "Code to review" (each archive keeps review.MAX_FLAGS)
+
+
+def _review_lines(best: dict) -> list[str]:
+    """The report's "Code to review": the counted archives' lines that :mod:`attn_course.review` flags."""
+    from .review import WHY, Flag
+
+    flagged = [(sid, r) for sid, r in sorted(best.items()) if r.review_count]
+    if not flagged:
+        return []
+    lines = ["", "## Code to review", "",
+             f"{len(flagged)} students' counted archives use what no exercise needs and what can reach the code that "
+             "checks them (`attn_course/review.py`; the checks that run say `tampered` where they see a change). "
+             "A place to look, not a verdict: no score depends on it.", "",
+             "| student | where | what | the line |", "|---|---|---|---|"]
+    rows, more, seen = 0, 0, set()
+    for sid, r in flagged:
+        flags = [Flag.from_dict(f) for f in r.review if isinstance(f, dict)]
+        for f in flags:
+            if rows >= MAX_REVIEW_ROWS:
+                more += 1
+                continue
+            lines.append(f"| {md_inline(sid, 64)} | {md_inline(f.where, 120)} | {md_inline(f.rule, 40)} "
+                         f"| {md_inline(f.line, 160)} |")
+            seen.add(f.rule)
+            rows += 1
+        more += max(0, r.review_count - len(flags))
+    if more:
+        lines += ["", f"and {more} more lines (the report lists {MAX_REVIEW_ROWS}, each archive's result its "
+                  "first 20: the archives hold the rest)."]
+    lines += [""] + [f"* {md_inline(rule, 40)}: {md_inline(WHY[rule], 200)}" for rule in WHY if rule in seen]
+    return lines
+
+
 def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None,
                  write: Callable[[Path, str | bytes], None] = atomic_write) -> None:
     from .class_stats import mistake_counts, totals
@@ -197,6 +231,7 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
                   "| students | exercise | mistake | what it does |", "|---|---|---|---|"]
         lines += [f"| {m.students} | {m.exercise} | {md_inline(m.key, 60)} | {md_inline(m.message, 300)} |"
                   for m in mistakes]
+    lines += _review_lines(best)
     if rejected:
         lines += ["", "## Rejected archives", ""]
         lines += [f"* {md_inline(r.archive, 120)}: {md_inline(r.rejected, 300)}" for r in rejected]

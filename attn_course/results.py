@@ -59,6 +59,8 @@ class ArchiveResult:
     seconds: float = 0.0
     backend: str = "jax"  # what the library ran on: "jax", "mlx" or "both" (scored on JAX)
     identity_policy: str = ""  # the roster and token rule the identity was checked under (Grader.identity_policy)
+    review: list[dict] = field(default_factory=list)  # code to review (attn_course.review.Flag, as dicts)
+    review_count: int = 0  # how many flags there were (``review`` keeps the first few)
     format: int = RESULT_FORMAT
 
     @property

@@ -363,3 +363,19 @@ def test_a_common_mistake_is_named_in_the_feedback(graded):
     assert any("argmax" in c["message"] and "chapters/03_statistical_mechanics.html#" in c["message"]
                for c in cases if c["hidden"]), cases
     assert "argmax" in (out / "feedback" / "m-argmax-mistake.md").read_text()
+
+
+def test_the_report_lists_the_code_that_writes_its_own_process_for_review(graded):
+    """The checks cannot see a change made through ctypes (the process's own memory): the class
+    report lists such code for the instructor to read (attn_course.review), escaped, scores unchanged."""
+    from attn_course.text import md_inline
+
+    results, out, _, _ = graded
+    section = (out / "report.md").read_text().split("## Code to review", 1)[1].split("\n## ", 1)[0].split("\n![", 1)[0]
+    for name in ("a5_plant_ipc", "c1_spy_leftovers", "g2_uncounted_memory"):
+        r = results[f"{name}.zip"]
+        assert any(f["rule"] == "ctypes" and f["where"].startswith("attn_tensors/statmech.py:") for f in r["review"]), r
+        assert f"| {md_inline(name.replace('_', '-'), 64)} | " in section, section
+    for line in section.splitlines()[6:]:
+        assert line.startswith(("| ", "and ", "* ")) or not line.strip(), line
+    assert "* ctypes: writes the process" in section

@@ -1,0 +1,160 @@
+"""Code to review: constructs in a submission that no exercise needs and that can reach the checks.
+
+A job's probes run in the job's own process, beside the submission's code
+(:mod:`attn_course.worker`).  :mod:`attn_course.tamper` finds, as the job
+runs, what the submission changed of the code that checks it: a function
+replaced, a rule rebound, a hook set.  Some changes it cannot see -- the
+process's memory written in place through ``ctypes``, a closure's cell
+rewritten through ``gc`` -- and the sandbox is no help there: the job may
+do anything to its own process.  So the grader also *reads* each archive
+(never runs it) for the constructs such changes are made of, and lists
+them in the class report (``report.md``, "Code to review"): ``ctypes``,
+``gc``'s object graph, profile and trace hooks, ``sys.modules``, code
+objects and closures, ``builtins``, dynamic code (``exec``, ``eval``,
+``__import__``), ``importlib``, stack frames, JAX's private modules, and
+processes, signals and sockets.  A flag changes no score: it is a place for
+the instructor to look (a submission can name none of these words and still
+reach them, through ``getattr`` and strings: this is a complement to the
+checks that run, not a proof).
+
+Only what the student wrote is read: lines that are not in the release's
+version of the same module (or of the same notebook's answer cells), so the
+reference's own code, copied by an honest student, is never flagged
+(``tests/course/test_review.py`` checks the whole reference library).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import re
+import tokenize
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+from .notebook_cells import answer_cells
+from .text import plain
+
+MAX_TEXT = 1 << 20  # characters of a module read (a submission's module is far smaller)
+MAX_FLAGS = 20  # flags kept per archive (the count says how many there were)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    pattern: re.Pattern
+    why: str
+
+
+def _rule(name: str, pattern: str, why: str) -> Rule:
+    return Rule(name, re.compile(pattern), why)
+
+
+RULES: tuple[Rule, ...] = (
+    _rule("ctypes", r"\b_?ctypes\b", "writes the process's memory: can change the checks unseen"),
+    _rule("gc", r"\bimport\s+gc\b|\bfrom\s+gc\s+import\b|\bgc\s*\.\s*get_(?:referrers|referents|objects)\b",
+          "reaches every live object, the checks' own among them"),
+    _rule("hooks", r"\bset(?:profile|trace)\b|\bsys\s*\.\s*monitoring\b|\b_getframe\b|\bf_(?:back|globals|locals)\b"
+                   r"|\binspect\s*\.\s*(?:currentframe|stack)\b",
+          "runs inside, or reads the frames of, the code that checks it"),
+    _rule("sys.modules", r"\bsys\s*\.\s*modules\b", "replaces modules the checks import"),
+    _rule("code objects", r"__(?:code|closure|globals|defaults|kwdefaults)__|\bco_consts\b|\b(?:Code|Function)Type\b"
+                          r"|\bcell_contents\b",
+          "rewrites functions (its own, or the checks')"),
+    _rule("builtins", r"\b__builtins__\b|\bimport\s+builtins\b|\bbuiltins\s*\.", "changes what every module sees"),
+    _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b",
+          "code or modules the grader cannot read in the archive"),
+    _rule("jax internals", r"\bjax\s*\.\s*_src\b|\bjaxlib\b", "JAX's private modules: the rules gradients are made of"),
+    _rule("processes", r"\b(?:subprocess|multiprocessing|socket|signal|mmap|pty|threading)\b"
+                       r"|\bos\s*\.\s*(?:system|fork|kill|popen|exec\w*|spawn\w*|_exit)\b",
+          "processes, signals, sockets or threads: nothing an exercise needs"),
+)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One line of a submission that a :class:`Rule` matched."""
+
+    where: str  # "attn_tensors/statmech.py:12", or "notebooks/ch03.ipynb (answer cells):4"
+    rule: str
+    line: str  # the line, stripped and capped (plain text: escape it where it is shown)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Flag":
+        return cls(str(data.get("where", "")), str(data.get("rule", "")), str(data.get("line", "")))
+
+
+WHY = {r.name: r.why for r in RULES}
+
+
+def _code_lines(text: str) -> list[str]:
+    """The module's lines with their comments removed (a comment is not code); the lines as they
+    are where the text does not tokenize (a syntax error: the import fails anyway, but it is read)."""
+    lines = text.splitlines()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                row, col = tok.start
+                lines[row - 1] = lines[row - 1][:col]
+    except (tokenize.TokenError, SyntaxError, IndexError, RecursionError, MemoryError):
+        return text.splitlines()
+    return lines
+
+
+ANY = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in RULES))
+# the words every rule needs, as plain alternatives (each starts with a letter or "_", so the
+# regular expression engine skips the text's other characters at once): one fast pass finds
+# whether a module has anything to look at more closely
+WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:back|globals|locals)|currentframe|stack"
+                   "|modules|__(?:code|closure|globals|defaults|kwdefaults|builtins|import)__|co_consts|CodeType"
+                   "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|subprocess"
+                   "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit")
+
+
+@functools.lru_cache(maxsize=512)
+def _known(stub: str) -> frozenset[str]:
+    """The release's lines, stripped (the release's texts are the same objects for every archive)."""
+    return frozenset(line.strip() for line in stub.splitlines())
+
+
+def review_text(where: str, text: str, stub: str = "") -> list[Flag]:
+    """The flags of one module (or a notebook's answer cells): lines not in ``stub`` that a rule matches."""
+    text = text[:MAX_TEXT]
+    known = _known(stub)
+    lines = text.splitlines()
+    new = [i for i, line in enumerate(lines) if line.strip() not in known]
+    new = [i for i in new if WORDS.search(lines[i])]
+    if not new or not ANY.search("\n".join(lines[i] for i in new)):  # (most modules: nothing tokenized)
+        return []
+    code_lines = _code_lines(text)
+    flags = []
+    for i in new:
+        raw, code = lines[i], code_lines[i] if i < len(code_lines) else lines[i]
+        number = i + 1
+        if not code.strip() or not ANY.search(code):
+            continue
+        for rule in RULES:
+            if rule.pattern.search(code):
+                flags.append(Flag(f"{where}:{number}", rule.name, plain(raw.strip(), 160, newlines=False)))
+    return flags
+
+
+def review_package(files: Mapping[str, str], release: Mapping[str, str],
+                   notebooks: Mapping[str, bytes] = {}, release_notebooks: Mapping[str, str] = {}) -> tuple[list[Flag], int]:
+    """Flags of an archive's library (``{path: text}``, against the release's) and notebooks
+    (``{"notebooks/chNN.ipynb": bytes}``, answer cells against the release's answer cells):
+    at most :data:`MAX_FLAGS` of them, and how many there were."""
+    flags: list[Flag] = []
+    for path in sorted(files):
+        if path.endswith(".py") and files[path] != release.get(path):
+            flags += review_text(path, files[path], release.get(path, ""))
+    for name in sorted(notebooks):
+        try:
+            cells = answer_cells(notebooks[name])
+        except ValueError:
+            continue  # (the grader says so where it grades notebooks)
+        flags += review_text(f"{name} (answer cells)", cells, release_notebooks.get(name, ""))
+    return flags[:MAX_FLAGS], len(flags)

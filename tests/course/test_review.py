@@ -1,0 +1,86 @@
+"""The code the class report lists for review (attn_course.review): read, never run, never scored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attn_course import EXERCISES, RELEASE_LIBRARY, ROOT
+from attn_course.archive import library_files
+from attn_course.notebook_cells import answer_cells
+from attn_course.review import MAX_FLAGS, RULES, WORDS, review_package, review_text
+
+REF = {k: v.decode() for k, v in library_files(ROOT).items()}
+RELEASE = {k: v.decode() for k, v in library_files(RELEASE_LIBRARY).items()}
+
+# one line of each kind, and the rule that must name it
+SAMPLES = [
+    ("import ctypes", "ctypes"), ("libc = ctypes.CDLL(None)", "ctypes"), ("from _ctypes import x", "ctypes"),
+    ("import gc", "gc"), ("for o in gc.get_objects():", "gc"), ("gc.get_referrers(f)", "gc"),
+    ("sys.setprofile(hook)", "hooks"), ("threading.settrace(t)", "hooks"), ("sys._getframe(1)", "hooks"),
+    ("frame.f_back.f_globals", "hooks"), ("inspect.stack()", "hooks"), ("sys.monitoring.use_tool_id(1, 'x')", "hooks"),
+    ("sys.modules['jax'] = fake", "sys.modules"), ("f.__code__ = g.__code__", "code objects"),
+    ("probe.__closure__[0].cell_contents", "code objects"), ("types.FunctionType(c, {})", "code objects"),
+    ("import builtins", "builtins"), ("__builtins__['len'] = f", "builtins"),
+    ("exec(source)", "dynamic code"), ("eval(text)", "dynamic code"), ("__import__('os')", "dynamic code"),
+    ("importlib.import_module(name)", "dynamic code"), ("compile(s, 'x', 'exec')", "dynamic code"),
+    ("from jax._src import ad", "jax internals"), ("import jaxlib", "jax internals"),
+    ("subprocess.run(['sh'])", "processes"), ("os.system('id')", "processes"), ("os.fork()", "processes"),
+    ("import signal", "processes"), ("socket.socket()", "processes"), ("os._exit(0)", "processes"),
+]
+
+
+@pytest.mark.parametrize("line, rule", SAMPLES)
+def test_each_construct_is_flagged_by_its_rule(line, rule):
+    flags = review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n")
+    assert rule in {f.rule for f in flags} and {f.where for f in flags} == {"attn_tensors/statmech.py:2"}, flags
+    assert WORDS.search(line)  # (the fast first pass sees it too)
+
+
+@pytest.mark.parametrize("line", [
+    "# import ctypes (a comment is not code)", "y = jax.jit(f).lower(x).compile()", "z = re.compile('a')",
+    "w = jnp.stack([a, b])", "evaluated = f(x)", "signals = x  # not signal handling", "return x.sum(axis=-1)",
+])
+def test_ordinary_code_is_not_flagged(line):
+    assert review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n") == []
+
+
+def test_only_what_the_student_wrote_is_read():
+    stub = "import importlib\n\ndef g():\n    raise NotImplementedError\n"
+    text = stub + "\ndef h():\n    return eval('1')\n"
+    assert [(f.where, f.rule) for f in review_text("m.py", text, stub)] == [("m.py:7", "dynamic code")]
+
+
+def test_the_reference_library_and_solutions_are_never_flagged():
+    """An honest student who writes what the reference does is never listed."""
+    release_answers = {f"notebooks/{nb.name}": answer_cells(nb.read_bytes())
+                       for nb in sorted(EXERCISES.glob("ch*/ch*.ipynb"))}
+    solutions = {f"notebooks/{nb.name}": nb.read_bytes() for nb in sorted((ROOT / "solutions").glob("ch*/ch*.ipynb"))}
+    assert len(solutions) == 10 and set(solutions) == set(release_answers)
+    assert review_package(REF, RELEASE, solutions, release_answers) == ([], 0)
+    # and the same code read against nothing is flagged: the comparison, not blindness, spares it
+    assert review_package(REF, {})[1] > 0
+
+
+def test_a_notebook_answer_cell_is_read_and_an_archive_keeps_its_first_flags():
+    nb = {"cells": [{"cell_type": "code", "source": "import ctypes\n" * 3,
+                     "metadata": {"nbgrader": {"grade_id": "ex-3-1-answer", "solution": True}}}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    flags, n = review_package(RELEASE, RELEASE, {"notebooks/ch03.ipynb": json.dumps(nb).encode()})
+    assert n == 3 and [f.where for f in flags] == [f"notebooks/ch03.ipynb (answer cells):{i}" for i in (1, 2, 3)]
+    many = dict(RELEASE)
+    many["attn_tensors/statmech.py"] += "".join(f"\nx{i} = __import__('os')" for i in range(3 * MAX_FLAGS))
+    flags, n = review_package(many, RELEASE)
+    assert len(flags) == MAX_FLAGS and n == 3 * MAX_FLAGS
+    assert review_package(RELEASE, RELEASE, {"notebooks/ch03.ipynb": b"not json"}) == ([], 0)
+
+
+def test_a_line_is_kept_as_plain_text():
+    line = "import ctypes; x = '\x1b[31m' + 'a' * 500"
+    (flag,) = review_text("m.py", line)
+    assert "\x1b" not in flag.line and len(flag.line) <= 160
+
+
+def test_every_rule_has_a_sample():
+    assert {r.name for r in RULES} == {rule for _, rule in SAMPLES}
