@@ -11,8 +11,9 @@ do anything to its own process.  So the grader also *reads* each archive
 them in the class report (``report.md``, "Code to review"): ``ctypes``,
 ``gc``'s object graph, profile and trace hooks, ``sys.modules``, code
 objects and closures, ``builtins``, dynamic code (``exec``, ``eval``,
-``__import__``), ``importlib``, stack frames, JAX's private modules, and
-processes, signals and sockets.  A flag changes no score: it is a place for
+``__import__``), ``importlib``, stack frames, JAX's private modules,
+processes, signals and sockets, the grader's own modules, host callbacks (run
+while the compiled program runs) and attributes set by built names.  A flag changes no score: it is a place for
 the instructor to look (a submission can name none of these words and still
 reach them, through ``getattr`` and strings: this is a complement to the
 checks that run, not a proof).
@@ -68,6 +69,11 @@ RULES: tuple[Rule, ...] = (
     _rule("processes", r"\b(?:subprocess|multiprocessing|socket|signal|mmap|pty|threading)\b"
                        r"|\bos\s*\.\s*(?:system|fork|kill|popen|exec\w*|spawn\w*|_exit)\b",
           "processes, signals, sockets or threads: nothing an exercise needs"),
+    _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
+    _rule("callbacks", r"\b(?:pure_callback|io_callback)\b|\bdebug\s*\.\s*callback\b",
+          "Python run while the compiled program runs, after the checks that follow its trace"),
+    _rule("attributes by name", r"\bsetattr\s*\(|\b__dict__\b|(?<![\w.])vars\s*\(",
+          "sets attributes whose names it can build from pieces, out of a reader's sight"),
 )
 
 
@@ -91,14 +97,21 @@ WHY = {r.name: r.why for r in RULES}
 
 
 def _code_lines(text: str) -> list[str]:
-    """The module's lines with their comments removed (a comment is not code); the lines as they
-    are where the text does not tokenize (a syntax error: the import fails anyway, but it is read)."""
+    """The module's lines with their comments and string literals blanked (a docstring that
+    speaks of a signal is not code; ``__import__("ctypes")`` is still its ``__import__``); the
+    lines as they are where the text does not tokenize (a syntax error: the import fails
+    anyway, but it is read)."""
     lines = text.splitlines()
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.COMMENT:
-                row, col = tok.start
-                lines[row - 1] = lines[row - 1][:col]
+            if tok.type not in (tokenize.COMMENT, tokenize.STRING):
+                continue
+            (r0, c0), (r1, c1) = tok.start, tok.end
+            for row in range(r0, r1 + 1):
+                line = lines[row - 1]
+                start = c0 if row == r0 else 0
+                end = c1 if row == r1 else len(line)
+                lines[row - 1] = line[:start] + " " * (end - start) + line[end:]
     except (tokenize.TokenError, SyntaxError, IndexError, RecursionError, MemoryError):
         return text.splitlines()
     return lines
@@ -111,7 +124,8 @@ ANY = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in RULES))
 WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:back|globals|locals)|currentframe|stack"
                    "|modules|__(?:code|closure|globals|defaults|kwdefaults|builtins|import)__|co_consts|CodeType"
                    "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|subprocess"
-                   "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit")
+                   "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
+                   "|attn_course|callback|setattr|__dict__|vars")
 
 
 @functools.lru_cache(maxsize=512)

@@ -39,6 +39,7 @@ import stat
 import sys
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -442,6 +443,7 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
         phase("compile")
         n = sum(len(p["slots"]) for p in plans.values())
         outs = compile_for_workers(program.lower())() if n else []
+        _RAN[0] += 1  # the program ran: so did whatever host callbacks the submission put in it
     except Exception:  # noqa: BLE001 - the job as a whole cannot be compiled: each exercise as its own
         for it in items:  # program, and an exercise that cannot be one case by case
             if it.id in results:
@@ -569,6 +571,39 @@ _HOOKED = [False]  # whether a profile or trace hook was set as a submission's f
 _HOOKS = [(None, None)]  # the hooks before the job's package loaded (a coverage tool's: not the job's)
 _getprofile, _gettrace = sys.getprofile, sys.gettrace
 _BASELINE: Any = None  # what the watched code was before any job (attn_course.tamper), in a template
+_SWAPPED = [""]  # a function of code not the job's whose code or defaults were replaced (its name)
+_OWN = [("<notebook cell",)]  # where the job's own code lives (its package's folder, its cells)
+
+
+def _code_swaps(event: str, args: tuple) -> None:
+    """An audit hook (:func:`sys.addaudithook`): a function's ``__code__``, ``__defaults__`` or
+    ``__kwdefaults__`` replaced, where the function's code is a module's file other than the
+    job's own, is noted.
+
+    :mod:`attn_course.tamper` compares the code of only some modules' functions (reading
+    every function's costs each job about 6 ms of copied pages); Python announces every such
+    assignment, in any module, before it is made, and an audit hook cannot be removed."""
+    if event == "object.__setattr__" and len(args) > 1 and args[1] in ("__code__", "__defaults__", "__kwdefaults__"):
+        fn = args[0]
+        code = getattr(fn, "__code__", None)
+        where = getattr(code, "co_filename", "")
+        # (code from a file outside the job's: a function Python made from a string -- namedtuple's
+        # __new__, given its defaults as a class is made -- has no file, and is not a module's)
+        if isinstance(fn, types.FunctionType) and isinstance(where, str) and os.path.isabs(where) \
+                and not where.startswith(_OWN[0]):
+            _SWAPPED[0] = _SWAPPED[0] or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"[:200]
+
+
+_AUDITED = [False]
+
+
+def _watch_code_swaps(package: Path) -> None:
+    """From now on, this process notes code swapped in functions not of ``package`` (or of a notebook's cells)."""
+    _OWN[0] = (str(package) + os.sep, str(Path(package).resolve()) + os.sep, "<notebook cell")
+    _SWAPPED[0] = ""  # (a job run in a process that ran one before: that one's is not this one's)
+    if not _AUDITED[0]:
+        sys.addaudithook(_code_swaps)
+        _AUDITED[0] = True
 
 
 def as_graded(fn: Callable) -> Callable:
@@ -607,6 +642,7 @@ def run_job(job: dict, package: Path, out) -> None:
         raise ValueError(f"unknown backend {backend!r}")
     base = _BASELINE if _BASELINE is not None else tamper.take()  # before any of the submission runs
     _HOOKS[0] = (sys.getprofile(), sys.gettrace())
+    _watch_code_swaps(package)
     try:
         load_package(package)
         load_error = None
@@ -645,6 +681,7 @@ def run_job(job: dict, package: Path, out) -> None:
         if not looked[1] and (looked[0] == -1 or looked[0] != _RAN[0]):
             looked[0] = _RAN[0] if _RAN[0] != -1 else 0
             looked[1] = ("a profile or trace hook (sys.setprofile, sys.settrace)" if _HOOKED[0]
+                         else f"the code of {_SWAPPED[0]} (replaced)" if _SWAPPED[0]
                          else tamper.changed(base) or "")
 
     def report(ex_id: str, results: list[dict]) -> None:

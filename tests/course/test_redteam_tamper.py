@@ -123,6 +123,53 @@ def _patch():
     ad.primitive_jvps = new
 _patch()
 ''',
+    # the code of a JAX function no check compared swapped for one that zeroes nan cotangents (every
+    # product's transpose calls it); names built from pieces, so that no line reads as what it does
+    "code": b'''
+def _unbroadcast(aval, x):
+    import jax.numpy as jnp
+    x = jnp.where(jnp.isnan(x), jnp.zeros_like(x), x)
+    x_shape = np.shape(x)
+    if core.definitely_equal_shape(aval.shape, x_shape) and aval.sharding == typeof(x).sharding:
+        return x
+    if not aval.shape:
+        return reduce_sum(x, list(range(len(x_shape))))
+    dims = [i for i, (a, b) in enumerate(zip(x_shape, aval.shape)) if not core.definitely_equal(a, b)]
+    x = reduce_sum(x, dims) if dims else x
+    return reshape(x, aval.shape, out_sharding=aval.sharding)
+def _install():
+    import jax
+    target = getattr(getattr(getattr(jax, "_s" + "rc"), "lax"), "lax")._unbroadcast
+    setattr(target, "__co" + "de__", getattr(_unbroadcast, "__co" + "de__"))
+_install()
+''',
+    # a host callback in the graded function, run while the program runs (after the checks that
+    # follow its trace): it rebinds how results are written, so that a nan comes out 0
+    "callback": b'''
+def _tidy():
+    import numpy
+    import attn_course.values as v
+    enc = v.encode
+    if getattr(enc, "tidy", False):
+        return
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(y) for k, y in x.items()}
+        if isinstance(x, list):
+            return [clean(y) for y in x]
+        if isinstance(x, numpy.ndarray) and x.dtype.kind == "f":
+            return numpy.where(numpy.isnan(x), 0.0, x)
+        return x
+    def encode(obj, *a, **k):
+        return enc(clean(obj), *a, **k)
+    encode.tidy = True
+    v.encode = encode
+_entropy_impl = entropy
+def entropy(A, mask=None):
+    import jax
+    jax.debug.callback(_tidy)
+    return _entropy_impl(A, mask)
+''',
     # the wrap put back by a profile hook as the worker's checks begin
     "hook": b'''
 import sys as _sys

@@ -28,6 +28,9 @@ SAMPLES = [
     ("from jax._src import ad", "jax internals"), ("import jaxlib", "jax internals"),
     ("subprocess.run(['sh'])", "processes"), ("os.system('id')", "processes"), ("os.fork()", "processes"),
     ("import signal", "processes"), ("socket.socket()", "processes"), ("os._exit(0)", "processes"),
+    ("import attn_course.values as v", "course code"), ("jax.debug.callback(f)", "callbacks"),
+    ("jax.pure_callback(f, shape, x)", "callbacks"), ("setattr(t, name, value)", "attributes by name"),
+    ("f.__dict__.update(d)", "attributes by name"), ("vars(m)[k] = v", "attributes by name"),
 ]
 
 
@@ -41,6 +44,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
 @pytest.mark.parametrize("line", [
     "# import ctypes (a comment is not code)", "y = jax.jit(f).lower(x).compile()", "z = re.compile('a')",
     "w = jnp.stack([a, b])", "evaluated = f(x)", "signals = x  # not signal handling", "return x.sum(axis=-1)",
+    "doc = 'the signal of each row, threading the mask through (eval notes)'", "self.vars = x",
 ])
 def test_ordinary_code_is_not_flagged(line):
     assert review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n") == []
@@ -84,3 +88,10 @@ def test_a_line_is_kept_as_plain_text():
 
 def test_every_rule_has_a_sample():
     assert {r.name for r in RULES} == {rule for _, rule in SAMPLES}
+
+
+def test_a_docstring_is_not_code():
+    text = ('def f(A):\n    """The entropy signal of each row: threading the mask through the stack.\n\n'
+            '    Handy to compile (as in: collect) a table; see also eval(uate) notes.\n    """\n'
+            '    return __import__("ctypes")\n')
+    assert [(f.where, f.rule) for f in review_text("m.py", text)] == [("m.py:6", "dynamic code")]
