@@ -179,7 +179,7 @@ MAX_REVIEW_ROWS = 200  # rows of the report's "Code to review" (each archive kee
 
 def _review_lines(best: dict) -> list[str]:
     """The report's "Code to review": the counted archives' lines that :mod:`attn_course.review` flags."""
-    from .review import WHY, Flag
+    from .review import MAX_FLAGS, WHY, Flag
 
     flagged = [(sid, r) for sid, r in sorted(best.items()) if r.review_count]
     if not flagged:
@@ -203,7 +203,7 @@ def _review_lines(best: dict) -> list[str]:
         more += max(0, r.review_count - len(flags))
     if more:
         lines += ["", f"and {more} more lines (the report lists {MAX_REVIEW_ROWS}, each archive's result its "
-                  "first 20: the archives hold the rest)."]
+                  f"first {MAX_FLAGS}: the archives hold the rest)."]
     lines += [""] + [f"* {md_inline(rule, 40)}: {md_inline(WHY[rule], 200)}" for rule in WHY if rule in seen]
     return lines
 

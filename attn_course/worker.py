@@ -585,12 +585,12 @@ def _code_swaps(event: str, args: tuple) -> None:
     assignment, in any module, before it is made, and an audit hook cannot be removed."""
     if event == "object.__setattr__" and len(args) > 1 and args[1] in ("__code__", "__defaults__", "__kwdefaults__"):
         fn = args[0]
-        code = getattr(fn, "__code__", None)
-        where = getattr(code, "co_filename", "")
+        if not isinstance(fn, types.FunctionType):  # (first: another object's attributes are not read)
+            return
+        where = fn.__code__.co_filename
         # (code from a file outside the job's: a function Python made from a string -- namedtuple's
         # __new__, given its defaults as a class is made -- has no file, and is not a module's)
-        if isinstance(fn, types.FunctionType) and isinstance(where, str) and os.path.isabs(where) \
-                and not where.startswith(_OWN[0]):
+        if isinstance(where, str) and os.path.isabs(where) and not where.startswith(_OWN[0]):
             _SWAPPED[0] = _SWAPPED[0] or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"[:200]
 
 
