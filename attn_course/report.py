@@ -25,7 +25,8 @@ from .text import csv_cell, md_code_block, md_inline
 
 def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=None, notebooks: bool = False,
                   late: LatePolicy | None = None, assignment: str = "attn-tensors-library") -> list[str]:
-    """Gradebook (with ``late``: days late and the total after the penalty), exports, feedback, report;
+    """Gradebook (with ``late``: days late and the total after the penalty; with ``roster``, a row
+    for each of its students, blank for one with no accepted archive), exports, feedback, report;
     the files the instructor edited since they were written, kept (:class:`attn_course.outputs.Outputs`:
     this run's version of each is beside it)."""
     outputs = Outputs(out)
@@ -42,7 +43,8 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
     if notebooks:
         head += [f"notebook {i}" for i in ids] + ["notebook total"] + (["notebook final"] if late else [])
     w.writerow(head)
-    for sid in sorted(best):
+    lines: dict[str, list[str]] = {}
+    for sid in best:
         r = best[sid]
         scores = [r.scores.get(i, 0.0) for i in ids]
         row = [csv_cell(sid), *[f"{s:g}" for s in scores], f"{sum(scores):g}", f"{maxp:g}", csv_cell(r.archive)]
@@ -54,7 +56,11 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
             row += [f"{s:g}" for s in nb] + [f"{nb_total:g}"]
             if late:  # the same policy as the library's total
                 row.append(f"{late.lateness(r.received).apply(nb_total):g}")
-        w.writerow(row)
+        lines[sid] = row
+    if roster is not None:  # the whole class: a student with no archive that counts is a row too, its
+        for sid in set(roster.ids) - set(best):  # scores blank (no submission, which is not a zero)
+            lines[sid] = [csv_cell(sid), *[""] * len(ids), "", f"{maxp:g}", ""] + [""] * (len(head) - len(ids) - 4)
+    w.writerows(lines[sid] for sid in sorted(lines))
     write(out / "gradebook.csv", buf.getvalue())
     write_exports(out, list(rows.values()), exercises, assignment, write)
     for sid, r in best.items():

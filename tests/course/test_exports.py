@@ -137,3 +137,26 @@ def test_the_late_policy_reaches_the_notebooks_and_nbgraders_export(tmp_path):
             assert float(ontime["score"]) == total, ontime
             assert bool(late["timestamp"]) == (policy_now is not None)
             assert bool(late["duedate"]) == (policy_now is not None)
+
+
+def test_the_gradebook_lists_the_whole_roster_with_blanks_for_who_sent_nothing(tmp_path):
+    """A roster student with no accepted archive is a row of the gradebook, in order, its scores
+    blank (not 0: nothing was graded); the exports and feedback hold only graded students."""
+    roster = Roster(("alice", "bob", "=carol"), ("", "", ""))
+    results = [_result("bob", D - 60, dict(_full(), **{"3.1": 0.0}))]
+    late = LatePolicy(D, penalty_per_day=0.5)
+    write_outputs(tmp_path, results, EX, roster=roster, late=late, notebooks=True, assignment="attn")
+    rows = _rows((tmp_path / "gradebook.csv").read_text())
+    head, body = rows[0], rows[1:]
+    assert [r[0] for r in body] == ["'=carol", "alice", "bob"]  # sorted on the ids, a formula neutralised
+    assert all(len(r) == len(head) for r in body)
+    book = {r[0]: dict(zip(head, r)) for r in body}
+    maxp = sum(e.points for e in EX)
+    assert float(book["bob"]["total"]) == maxp - EX[0].points and book["bob"]["archive"] == "bob.zip"
+    for sid in ("alice", "'=carol"):
+        blank = {k: v for k, v in book[sid].items() if k not in ("student_id", "max")}
+        assert set(blank.values()) == {""}, blank
+        assert float(book[sid]["max"]) == maxp
+    assert [r[0] for r in _rows((tmp_path / "exports" / "moodle.csv").read_text())[1:]] == ["bob"]
+    assert sorted(p.name for p in (tmp_path / "feedback").glob("*.md")) == ["bob.md"]
+    assert "alice" in (tmp_path / "report.md").read_text()
