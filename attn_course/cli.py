@@ -230,6 +230,14 @@ def cmd_student_dist(args) -> int:
     return 0
 
 
+def _named(text: str) -> str:
+    """A file or folder argument: an empty one is refused (``Path("")`` is the current folder, where
+    ``--out "$DIR"`` with DIR unset graded, wrote a wheel, or read a roster of nobody)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: name a file or folder (is a shell variable unset?)")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -238,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Create a workspace: `attn-course workspace DIR --student ID [--token TOKEN]`. "
                                    "Store the token your instructor gave you in an existing workspace: "
                                    "`attn-course workspace --set-token TOKEN` inside it (or give its DIR).")
-    w.add_argument("dir", nargs="?", help="the new workspace (or, with --set-token, an existing one)")
+    w.add_argument("dir", nargs="?", type=_named, help="the new workspace (or, with --set-token, an existing one)")
     w.add_argument("--student", help="your student id (to create a workspace)")
     w.add_argument("--token", help="the token your instructor gave you (it goes into every submission)")
     w.add_argument("--set-token", metavar="TOKEN",
@@ -246,14 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_workspace)
     c = sub.add_parser("check", help="check exercises on their public cases")
     c.add_argument("spec", nargs="?", default="all", help="3.1, a chapter (3 or ch03), or all")
-    c.add_argument("--workspace", help="the workspace (default: the one you are in)")
+    c.add_argument("--workspace", type=_named, help="the workspace (default: the one you are in)")
     c.add_argument("-q", "--quiet", action="store_true", help="no hints under failing exercises")
     c.add_argument("--backend", choices=("jax", "mlx"), default="jax",
                    help="run the cases on JAX arrays (default) or on MLX arrays (Apple Silicon; mlx.core)")
     c.set_defaults(func=cmd_check)
     s = sub.add_parser("submit", help="package a submission archive")
-    s.add_argument("--workspace", help="the workspace (default: the one you are in)")
-    s.add_argument("--out", help="archive path (default: submissions/<id>-...zip)")
+    s.add_argument("--workspace", type=_named, help="the workspace (default: the one you are in)")
+    s.add_argument("--out", type=_named, help="archive path (default: submissions/<id>-...zip)")
     s.set_defaults(func=cmd_submit)
     ls = sub.add_parser("list", help="list the exercises")
     ls.set_defaults(func=cmd_list)
@@ -271,11 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Write OUT/attn_course_student-VERSION-py3-none-any.whl: the commands a student "
                                     "needs and the release (stubbed library, public cases, notebooks), never the "
                                     "reference library, the solutions, the grader or the mistakes catalogue.")
-    sd.add_argument("out", help="folder for the wheel (an existing wheel is never overwritten)")
+    sd.add_argument("out", type=_named, help="folder for the wheel (an existing wheel is never overwritten)")
     sd.set_defaults(func=cmd_student_dist)
     g = sub.add_parser("grade", help="(instructors) grade a folder of submission archives")
-    g.add_argument("submissions", help="folder of *.zip archives (from `attn-course submit`)")
-    g.add_argument("--out", required=True, help="grading folder (gradebook, feedback, report)")
+    g.add_argument("submissions", type=_named, help="folder of *.zip archives (from `attn-course submit`)")
+    g.add_argument("--out", required=True, type=_named, help="grading folder (gradebook, feedback, report)")
     g.add_argument("--exercises", default="all", help="exercise, chapter or all (default)")
     g.add_argument("--jobs", type=int, default=None, help="parallel workers on this machine (default 2; "
                                                           "not with --scheduler, where the cluster's workers grade)")
@@ -294,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--unconfined", action="store_true",
                    help="grade even where the archives' code could reach this user's files (limits only, "
                         "not as users of their own): only for archives you trust")
-    g.add_argument("--roster", metavar="CSV",
+    g.add_argument("--roster", metavar="CSV", type=_named,
                    help="the class roster (a student_id column): archives of students not on it are rejected")
     g.add_argument("--trust-manifest-ids", action="store_true",
                    help="UNSAFE: accept archives without a valid token (anyone can submit as anyone)")
@@ -317,8 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="After `attn-course grade`: compare what each student wrote (the lines that "
                                     "differ from the released stub, normalised and winnowed) and list the pairs "
                                     "above a threshold in GRADING/similarity/report.md and index.html.")
-    sm.add_argument("submissions", help="the folder of *.zip archives that was graded")
-    sm.add_argument("--out", required=True, help="the grading folder of `attn-course grade` (its results/)")
+    sm.add_argument("submissions", type=_named, help="the folder of *.zip archives that was graded")
+    sm.add_argument("--out", required=True, type=_named, help="the grading folder of `attn-course grade` (its results/)")
     sm.add_argument("--threshold", type=float, default=0.6,
                     help="list pairs whose similarity (share of one's code found in the other's) reaches this "
                          "(0 to 1, default 0.6)")
@@ -326,8 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     ro = sub.add_parser("roster", help="(instructors) issue one token per student of a roster",
                         description="Write student_id,token for every student of ROSTER.csv (a CSV with a "
                                     "student_id column). Tokens are an HMAC of the id under ATTN_COURSE_SECRET.")
-    ro.add_argument("roster", help="CSV with a student_id column (and optionally name)")
-    ro.add_argument("--out", required=True, help="where to write student_id,token (kept if it exists)")
+    ro.add_argument("roster", type=_named, help="CSV with a student_id column (and optionally name)")
+    ro.add_argument("--out", required=True, type=_named, help="where to write student_id,token (kept if it exists)")
     ro.add_argument("--force", action="store_true", help="replace an existing --out file")
     ro.add_argument("--ci-secret", action="store_true",
                     help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: forgeable)")
@@ -335,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("token", help="(instructors) re-issue one student's token",
                        description="Print the token of student ID (the same token `roster` issued).")
     t.add_argument("student", metavar="ID", help="the student id, as on the roster")
-    t.add_argument("--roster", help="refuse an ID that is not on this roster")
+    t.add_argument("--roster", type=_named, help="refuse an ID that is not on this roster")
     t.add_argument("--ci-secret", action="store_true",
                    help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: forgeable)")
     t.set_defaults(func=cmd_token)

@@ -67,6 +67,24 @@ def test_every_argument_of_every_subcommand_has_help():
     assert helped == set(subs), set(subs) - helped
 
 
+@pytest.mark.parametrize("argv", [
+    ["workspace", "", "--student", "s1"], ["check", "--workspace", ""], ["submit", "--out", " "],
+    ["student-dist", ""], ["grade", "", "--out", "g"], ["grade", "subs", "--out", ""],
+    ["grade", "subs", "--out", "g", "--roster", ""], ["similarity", "subs", "--out", ""],
+    ["roster", "", "--out", "t.csv"], ["roster", "r.csv", "--out", ""], ["token", "s1", "--roster", ""],
+])
+def test_an_empty_file_or_folder_is_refused_before_anything_runs(argv, tmp_path, monkeypatch, capsys):
+    """``--out "$DIR"`` with DIR unset is the current folder to Path(""): the wheel was written there,
+    and ``--roster ""`` checked no roster at all.  Refused by name, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "is empty: name a file or folder" in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_a_broken_pipe_ends_quietly(ws):
     """`attn-course check | head -1`: no BrokenPipeError traceback when head stops reading."""
