@@ -63,8 +63,9 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
     w.writerows(lines[sid] for sid in sorted(lines))
     write(out / "gradebook.csv", buf.getvalue())
     write_exports(out, list(rows.values()), exercises, assignment, write)
+    names = feedback_names(best)
     for sid, r in best.items():
-        write(out / "feedback" / feedback_name(sid, best), feedback_text(r, exercises, rows[sid] if late else None, late))
+        write(out / "feedback" / names[sid], feedback_text(r, exercises, rows[sid] if late else None, late))
     rejected = [r for r in results if r.rejected]
     for r in rejected:
         name = result_name(Path(r.archive)).removesuffix(".json")
@@ -75,14 +76,24 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
     return outputs.kept
 
 
-def feedback_name(student_id: str, students) -> str:
-    """``feedback/<id>.md``; where another student's id differs from it only in case (``s1`` and ``S1``,
-    two students without a roster), with a digest of the id: on macOS's and Windows's file systems
-    the two files were one, and the second student's feedback replaced the first's."""
-    lower = student_id.lower()
-    if sum(1 for other in students if other.lower() == lower) > 1:
-        return f"{student_id}-{hashlib.sha256(student_id.encode()).hexdigest()[:8]}.md"
-    return f"{student_id}.md"
+def feedback_names(students) -> dict[str, str]:
+    """Each student's ``feedback/<id>.md``, distinct even where the file system ignores case.
+
+    Where two ids differ only in case (``s1`` and ``S1``, two students without a roster), both take
+    a digest of the id after a ``+``: on macOS's and Windows's file systems the two files were one,
+    and the second student's feedback replaced the first's.  No id holds a ``+``
+    (:data:`attn_course.identity.STUDENT_ID`), so no student's own name is another's digest name (a
+    student whose id was ``s1-`` and ``s1``'s digest had the file of ``s1``'s feedback, and one of
+    the two feedbacks was lost); the digest grows until the names are apart.
+    """
+    students = list(students)
+    folded = Counter(s.lower() for s in students)
+    for digits in (8, 16, 64):
+        names = {s: f"{s}+{hashlib.sha256(s.encode()).hexdigest()[:digits]}.md" if folded[s.lower()] > 1 else f"{s}.md"
+                 for s in students}
+        if len({n.lower() for n in names.values()}) == len(students):
+            return names
+    raise ValueError("two students' feedback files have the same name")  # (sha256 itself would collide)
 
 
 def _case_lines(fb: dict) -> list[str]:

@@ -7,12 +7,15 @@ the grader's diagnosis), as the grader stores them; no sandbox runs.
 
 from __future__ import annotations
 
+import hashlib
+
 from attn_course.class_stats import mistake_counts, totals
 from attn_course.diagnose import explain, wrong_outputs
 from attn_course.mistakes import for_exercise
 from attn_course.registry import select
 from attn_course.report import write_outputs
 from attn_course.results import ArchiveResult
+from attn_course.text import md_inline
 from attn_course.runner import reference_results
 from attn_course.scoring import ExerciseResult, Outcome, grade
 
@@ -124,7 +127,6 @@ def test_the_figure_counts_what_numpy_counts(tmp_path):
 
 
 def test_the_figure_is_written_again_only_when_what_it_shows_changed(tmp_path):
-    import hashlib
 
     best = {"a": _graded("a", {}), "b": _graded("b", {"3.1": for_exercise("3.1")[0].key})}
     svg = tmp_path / "histograms.svg"
@@ -156,6 +158,21 @@ def test_the_figure_is_written_again_only_when_what_it_shows_changed(tmp_path):
     key.write_text(f"{'0' * 64} {'1' * 64}\n")
     write_outputs(tmp_path, list(best.values()), EX)
     assert png.read_bytes() == b"\x89PNG someone's"
+
+
+def test_no_student_id_is_the_name_of_another_students_feedback(tmp_path):
+    """From the red team: s1 and S1 took ``<id>-<digest>.md``, which is itself a valid id; a third
+    student with the id ``s1-<s1's digest>`` then had the same file as s1, and one of the two
+    feedbacks was lost (or the third's file held s1's).  Every student keeps a file of their own."""
+    third = f"s1-{hashlib.sha256(b's1').hexdigest()[:8]}"
+    for order in (["s1", "S1", third], [third, "S1", "s1"]):
+        out = tmp_path / "-".join(order)
+        best = {sid: _graded(sid, {}) for sid in order}
+        write_outputs(out, list(best.values()), EX)
+        names = sorted(p.name for p in (out / "feedback").glob("*.md"))
+        assert len({n.lower() for n in names}) == 3, names
+        heads = sorted((out / "feedback" / n).read_text().splitlines()[0] for n in names)
+        assert heads == sorted(f"# Feedback for {md_inline(sid, 64)}" for sid in order), heads
 
 
 def test_students_whose_ids_differ_only_in_case_get_feedback_files_of_their_own(tmp_path):
