@@ -13,10 +13,12 @@ them in the class report (``report.md``, "Code to review"): ``ctypes``,
 objects and closures, ``builtins``, dynamic code (``exec``, ``eval``,
 ``__import__``), ``importlib``, stack frames, JAX's private modules,
 processes, signals and sockets, the grader's own modules, host callbacks (run
-while the compiled program runs) and attributes set by built names.  A flag changes no score: it is a place for
-the instructor to look (a submission can name none of these words and still
-reach them, through ``getattr`` and strings: this is a complement to the
-checks that run, not a proof).
+while the compiled program runs), NumPy's views of raw memory, and attributes
+and names reached by strings (``getattr``, ``globals()``).  Names are read
+as Python reads them (NFKC: full-width letters are the ASCII ones).  A flag
+changes no score: it is a place for the instructor to look (this is a
+complement to the checks that run, not a proof: a reader's rules can be
+dodged, and a person reads the list).
 
 Only what the student wrote is read: lines that are not in the release's
 version of the same module (or of the same notebook's answer cells), so the
@@ -30,6 +32,7 @@ import functools
 import io
 import re
 import tokenize
+import unicodedata
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
@@ -53,6 +56,8 @@ def _rule(name: str, pattern: str, why: str) -> Rule:
 
 RULES: tuple[Rule, ...] = (
     _rule("ctypes", r"\b_?ctypes\b", "writes the process's memory: can change the checks unseen"),
+    _rule("raw memory", r"\bctypeslib\b|\bas_strided\b|\bstride_tricks\b|__array_(?:interface|struct)__",
+          "NumPy arrays over any address of the process: its memory read or written, as with ctypes"),
     _rule("gc", r"\bimport\s+gc\b|\bfrom\s+gc\s+import\b|\bgc\s*\.\s*get_(?:referrers|referents|objects)\b",
           "reaches every live object, the checks' own among them"),
     _rule("hooks", r"\bset(?:profile|trace)\b|\bsys\s*\.\s*monitoring\b|\b_getframe\b|\bf_(?:back|globals|locals)\b"
@@ -72,8 +77,9 @@ RULES: tuple[Rule, ...] = (
     _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
     _rule("callbacks", r"\b(?:pure_callback|io_callback)\b|\bdebug\s*\.\s*callback\b",
           "Python run while the compiled program runs, after the checks that follow its trace"),
-    _rule("attributes by name", r"\bsetattr\s*\(|\b__dict__\b|(?<![\w.])vars\s*\(",
-          "sets attributes whose names it can build from pieces, out of a reader's sight"),
+    _rule("attributes by name", r"\b(?:setattr|getattr|attrgetter)\s*\(|\b__dict__\b|__getattribute__"
+                                r"|(?<![\w.])(?:vars|globals|locals)\s*\(",
+          "reaches attributes or names it can build from pieces of strings, out of a reader's sight"),
 )
 
 
@@ -125,20 +131,32 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|modules|__(?:code|closure|globals|defaults|kwdefaults|builtins|import)__|co_consts|CodeType"
                    "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|subprocess"
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
-                   "|attn_course|callback|setattr|__dict__|vars")
+                   "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
+                   "|getattr|attrgetter|__getattribute__|globals|locals")
+
+
+def _as_python_reads(text: str) -> str:
+    """The text with its names as Python reads them: NFKC-normalised (PEP 3131), so that
+    ``import ｃｔｙｐｅｓ`` (full-width letters: Python imports ``ctypes``) is read as what it
+    does.  (Strings change too, but no rule reads a string.)"""
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
 
 
 @functools.lru_cache(maxsize=512)
 def _known(stub: str) -> frozenset[str]:
     """The release's lines, stripped (the release's texts are the same objects for every archive)."""
-    return frozenset(line.strip() for line in stub.splitlines())
+    return frozenset(line.strip() for line in _as_python_reads(stub).splitlines())
 
 
 def review_text(where: str, text: str, stub: str = "") -> list[Flag]:
     """The flags of one module (or a notebook's answer cells): lines not in ``stub`` that a rule matches."""
-    text = text[:MAX_TEXT]
+    written = text[:MAX_TEXT]
+    text = _as_python_reads(written)
     known = _known(stub)
     lines = text.splitlines()
+    shown = written.splitlines()  # (a line is listed as it was written)
+    if len(shown) != len(lines):
+        shown = lines
     new = [i for i, line in enumerate(lines) if line.strip() not in known]
     new = [i for i in new if WORDS.search(lines[i])]
     if not new or not ANY.search("\n".join(lines[i] for i in new)):  # (most modules: nothing tokenized)
@@ -146,13 +164,13 @@ def review_text(where: str, text: str, stub: str = "") -> list[Flag]:
     code_lines = _code_lines(text)
     flags = []
     for i in new:
-        raw, code = lines[i], code_lines[i] if i < len(code_lines) else lines[i]
+        code = code_lines[i] if i < len(code_lines) else lines[i]
         number = i + 1
         if not code.strip() or not ANY.search(code):
             continue
         for rule in RULES:
             if rule.pattern.search(code):
-                flags.append(Flag(f"{where}:{number}", rule.name, plain(raw.strip(), 160, newlines=False)))
+                flags.append(Flag(f"{where}:{number}", rule.name, plain(shown[i].strip(), 160, newlines=False)))
     return flags
 
 

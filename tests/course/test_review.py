@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 
@@ -31,6 +32,12 @@ SAMPLES = [
     ("import attn_course.values as v", "course code"), ("jax.debug.callback(f)", "callbacks"),
     ("jax.pure_callback(f, shape, x)", "callbacks"), ("setattr(t, name, value)", "attributes by name"),
     ("f.__dict__.update(d)", "attributes by name"), ("vars(m)[k] = v", "attributes by name"),
+    # (from the red team: names built from strings, and names in full-width letters, which Python reads as ASCII)
+    ("globals()['__bu' + 'iltins__']['__imp' + 'ort__']('ct' + 'ypes')", "attributes by name"),
+    ("getattr(f, '__co' + 'de__')", "attributes by name"), ("object.__getattribute__(f, n)", "attributes by name"),
+    ("import \uff43\uff54\uff59\uff50\uff45\uff53 as _w", "ctypes"), ("\uff53ys.modules['a'] = m", "sys.modules"),
+    ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
+    ("A.__array_interface__ = {'data': (address, False), 'shape': (9,), 'typestr': '<f8'}", "raw memory"),
 ]
 
 
@@ -38,13 +45,14 @@ SAMPLES = [
 def test_each_construct_is_flagged_by_its_rule(line, rule):
     flags = review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n")
     assert rule in {f.rule for f in flags} and {f.where for f in flags} == {"attn_tensors/statmech.py:2"}, flags
-    assert WORDS.search(line)  # (the fast first pass sees it too)
+    assert WORDS.search(unicodedata.normalize("NFKC", line))  # (the fast first pass sees it too, as Python reads it)
 
 
 @pytest.mark.parametrize("line", [
     "# import ctypes (a comment is not code)", "y = jax.jit(f).lower(x).compile()", "z = re.compile('a')",
     "w = jnp.stack([a, b])", "evaluated = f(x)", "signals = x  # not signal handling", "return x.sum(axis=-1)",
     "doc = 'the signal of each row, threading the mask through (eval notes)'", "self.vars = x",
+    "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
 ])
 def test_ordinary_code_is_not_flagged(line):
     assert review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n") == []
