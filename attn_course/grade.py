@@ -346,12 +346,13 @@ class Grader:
 
     def _run(self, slot: int, exercises: list[Exercise], files: dict[str, str], stubbed: set[str],
              budget: Budget, notebook: dict | None = None, backend: str = "jax",
-             first: bool = False) -> tuple[dict[str, float], dict[str, dict], bool]:
+             first: bool = False, ran: list | None = None) -> tuple[dict[str, float], dict[str, dict], bool]:
         """Hidden cases of every exercise, then public ones for those that lost points (on ``backend``).
 
         ``budget``: the archive's (:class:`Budget`), which the diagnoses made here do not spend.
         ``first``: the archive's first job, whose server not starting is the grader's
-        problem (:class:`attn_course.server.StartError` is raised, :meth:`grade_one`)."""
+        problem (:class:`attn_course.server.StartError` is raised, :meth:`grade_one`).
+        ``ran``: what the jobs' code was seen doing is added to it (:class:`attn_course.runner.Ran`)."""
         server = self._server(slot)
         exp = self._expected
         from .diagnose import explain
@@ -359,13 +360,13 @@ class Grader:
         diagnose = budget.not_charged(explain)
         hidden_res = run_and_grade(server, files, [(e, exp[e.id][2], exp[e.id][3]) for e in exercises],
                                    True, stubbed, self.limits, budget, notebook, diagnose, backend,
-                                   start_errors=first)
+                                   start_errors=first, ran=ran)
         failing = [e for e in exercises
                    if not all(c.passed for c in hidden_res[e.id])
                    and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
         public_res = run_and_grade(server, files, [(e, exp[e.id][0], exp[e.id][1]) for e in failing],
                                    False, stubbed, self.limits, budget, notebook, diagnose,
-                                   backend) if failing else {}
+                                   backend, ran=ran) if failing else {}
         scores, feedback, spent = {}, {}, False
         for e in exercises:
             cases = public_res.get(e.id, []) + hidden_res[e.id]
@@ -375,7 +376,8 @@ class Grader:
             feedback[e.id] = r.feedback()
         return scores, feedback, spent
 
-    def _library(self, slot: int, files: dict[str, str], budget: Budget) -> tuple[dict, dict, bool]:
+    def _library(self, slot: int, files: dict[str, str], budget: Budget,
+                 ran: list | None = None) -> tuple[dict, dict, bool]:
         """Scores, feedback and budget verdict of a package's library, on every backend of the grader.
 
         A package that is the stub release itself (an archive that changes
@@ -387,10 +389,11 @@ class Grader:
             return copy.deepcopy(self._untouched)
         stubbed = stubbed_exercises(files)
         scores, feedback, spent = self._run(slot, self.exercises, files, stubbed, budget,
-                                            backend=self.backends[0], first=True)
+                                            backend=self.backends[0], first=True, ran=ran)
         for other in self.backends[1:]:  # for information: its own budget, never the score
             s, fb, other_spent = self._run(slot, self.exercises, files, stubbed,
-                                           Budget(time.monotonic() + self.limits.per_archive_s), backend=other)
+                                           Budget(time.monotonic() + self.limits.per_archive_s), backend=other,
+                                           ran=ran)
             for ex_id, verdict in fb.items():
                 feedback[ex_id].setdefault("other", {})[other] = {
                     "status": verdict["status"], "score": s[ex_id],
@@ -399,6 +402,17 @@ class Grader:
         if untouched and not spent and all(self._reproducible(fb) for fb in feedback.values()):
             self._untouched = copy.deepcopy((scores, feedback, spent))
         return scores, feedback, spent
+
+    @staticmethod
+    def _ran(ran: list, files: dict[str, str], result: ArchiveResult) -> None:
+        """What the archive's code was seen doing as it ran, after what was read of it (the report's
+        "Code to review"): each rule once, where it was not read already."""
+        from .review import MAX_FLAGS, ran_flags
+
+        read = {f["rule"] for f in result.review}
+        flags = [f for f in ran_flags(ran, files) if f.rule not in read]
+        result.review_count += len(flags)
+        result.review = (result.review + [f.to_dict() for f in flags])[:MAX_FLAGS]
 
     @functools.cached_property
     def _release_answers(self) -> dict[str, str]:
@@ -449,14 +463,15 @@ class Grader:
             files = overlay(sub, self.release)
             self._review(sub, files, result)
             result.backend = self.backend
-            result.scores, result.feedback, result.budget_spent = self._library(slot, files, budget)
+            ran: list = []  # what its code was seen doing as it ran: listed for review beside what was read
+            result.scores, result.feedback, result.budget_spent = self._library(slot, files, budget, ran)
             if self.notebooks:
                 from .nbgrader_bridge import notebook_jobs
 
                 for ch, cells, problems in notebook_jobs(sub, self.exercises):
                     chosen = [e for e in self.exercises if e.chapter == ch]
                     s, fb, spent = self._run(slot, chosen, files, set(), budget, notebook=cells,
-                                             backend=self.backends[0])
+                                             backend=self.backends[0], ran=ran)
                     for ex_id, why in problems.items():
                         s[ex_id] = 0.0
                         fb[ex_id] = {"status": "fail", "points": fb[ex_id]["points"],
@@ -465,6 +480,7 @@ class Grader:
                     result.notebook_scores.update(s)
                     result.notebook_feedback.update(fb)
                     result.budget_spent |= spent
+            self._ran(ran, files, result)
             result.sandbox = self._server(slot).sandbox.kind
             return result
         except Exception as err:  # noqa: BLE001 - one archive never stops the batch

@@ -20,6 +20,11 @@ changes no score: it is a place for the instructor to look (this is a
 complement to the checks that run, not a proof: a reader's rules can be
 dodged, and a person reads the list).
 
+What the reader's rules miss is also seen as it runs: a job's own code that loads a library
+through ctypes, walks gc's object graph, reads frames or sets hooks, runs code from a string or
+starts a process is said by the job's process at once, through Python's audit hooks
+(:func:`attn_course.worker._watch_runs`), and listed ``(as it ran)`` with its line.
+
 Only what the student wrote is read: lines that are not in the release's
 version of the same module (or of the same notebook's answer cells), so the
 reference's own code, copied by an honest student, is never flagged
@@ -34,7 +39,7 @@ import re
 import tokenize
 import unicodedata
 from dataclasses import asdict, dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from .notebook_cells import answer_cells
 from .text import plain
@@ -190,3 +195,20 @@ def review_package(files: Mapping[str, str], release: Mapping[str, str],
             continue  # (the grader says so where it grades notebooks)
         flags += review_text(f"{name} (answer cells)", cells, release_notebooks.get(name, ""))
     return flags[:MAX_FLAGS], len(flags)
+
+
+def ran_flags(ran: Iterable, files: Mapping[str, str]) -> list[Flag]:
+    """Flags of what an archive's code was seen doing as it ran (:class:`attn_course.runner.Ran`,
+    :func:`attn_course.worker._watch_runs`), a rule once each: ``FILE:LINE (as it ran)`` with that
+    line as the archive's file has it (the job says only where), or ``answer cells (as they ran)``."""
+    flags: list[Flag] = []
+    for r in ran:
+        if any(f.rule == r.rule for f in flags):
+            continue
+        if r.file in files:
+            lines = files[r.file].splitlines()
+            text = lines[r.line - 1] if 1 <= r.line <= len(lines) else ""
+            flags.append(Flag(f"{r.file}:{r.line} (as it ran)", r.rule, plain(text.strip(), 160, newlines=False)))
+        else:  # a notebook's cells ("": the job's watch names no file of them), or a file not in the archive
+            flags.append(Flag("answer cells (as they ran)" if not r.file else "the archive's code (as it ran)", r.rule, ""))
+    return flags

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable
@@ -49,9 +50,23 @@ class Programs(str, Enum):
     EXERCISE = "exercise"  # one per exercise: check, whose cache then keeps what an edit left unchanged
 
 
-def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | None] | None:
-    """A job's line as ("start", id, None), ("phase", COMPILING, None) or ("result", id, outcomes);
-    None if it is not one.
+@dataclass(frozen=True)
+class Ran:
+    """What a job's own code was seen doing as it ran (:func:`attn_course.worker._watch_runs`): a
+    rule of :mod:`attn_course.review`, and where (a file of the package and its line, or "" for a
+    notebook's cells): the job's word, checked for its shape only, and read by people only."""
+
+    rule: str
+    file: str
+    line: int
+
+
+MAX_RAN = 32  # what a job's watch says at most (one line a rule; a job's forked copies repeat it)
+
+
+def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | Ran | None] | None:
+    """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes)
+    or ("ran", rule, :class:`Ran`); None if it is not one.
 
     ``todo`` maps the exercises still expected to their number of cases; a
     line about anything else, of another shape, too deep or unreadable is
@@ -67,6 +82,14 @@ def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | N
         return "start", obj["start"], None
     if obj == {"phase": "compile"}:
         return "phase", COMPILING, None
+    if set(obj) == {"ran", "file", "line"}:
+        from .review import WHY
+
+        rule, file, line = obj["ran"], obj["file"], obj["line"]
+        if (isinstance(rule, str) and rule in WHY and isinstance(file, str) and len(file) <= 300
+                and type(line) is int and 0 <= line <= 10**7):
+            return "ran", rule, Ran(rule, file, line)
+        return None
     if set(obj) == {"id", "results"} and isinstance(obj["id"], str) and obj["id"] in todo:
         results = obj["results"]
         if not isinstance(results, list) or len(results) != todo[obj["id"]]:
@@ -138,7 +161,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                limits: Limits, budget: Budget | None = None,
                notebook: dict | None = None, backend: str = "jax",
                on_result: Callable[[str, list[Outcome]], None] | None = None,
-               programs: Programs = Programs.JOB, start_errors: bool = False) -> dict[str, list[Outcome]]:
+               programs: Programs = Programs.JOB, start_errors: bool = False,
+               ran: list[Ran] | None = None) -> dict[str, list[Outcome]]:
     """Each exercise's outcomes (one per case, or one for all when it failed as a whole).
 
     ``budget`` (:class:`Budget`) is the archive's: what has not run by its
@@ -158,6 +182,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     job of the same archive crashed it costs the exercises still to run, as
     a crash.  Otherwise such a start is every exercise's failure, with its
     reason (a student's ``check``).
+
+    ``ran``: where given, what the jobs' own code was seen doing as it ran (:class:`Ran`,
+    each once, :data:`MAX_RAN` at most) is added to it.
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
@@ -221,7 +248,10 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 if parsed is None:
                     continue
                 kind, ex_id, outcomes = parsed
-                if kind == "start":  # again: a case of it runs alone after the job's program
+                if kind == "ran":
+                    if ran is not None and outcomes not in ran and len(ran) < MAX_RAN:
+                        ran.append(outcomes)
+                elif kind == "start":  # again: a case of it runs alone after the job's program
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
                 elif kind == "phase" and COMPILING not in seen:
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
@@ -322,13 +352,13 @@ def run_and_grade(server: WorkerServer, files: dict[str, str],
                   items: list[tuple[Exercise, list[Case], list[Outcome]]], hidden: bool, stubbed: set[str],
                   limits: Limits, budget: Budget | None = None,
                   notebook: dict | None = None, diagnose=None, backend: str = "jax",
-                  start_errors: bool = False) -> dict[str, list[CaseResult]]:
+                  start_errors: bool = False, ran: list[Ran] | None = None) -> dict[str, list[CaseResult]]:
     """Run (exercise, cases, expected outcomes) in the worker and score each case: the one path
     of ``check``, ``grade`` and the notebooks' grading.  ``backend``: "jax" or "mlx" (the
     expected outcomes are the same, the tolerances :func:`attn_course.scoring.tolerance`'s).
-    ``start_errors``: see :func:`run_worker`."""
+    ``start_errors``, ``ran``: see :func:`run_worker`."""
     raw = run_worker(server, files, [(e, cases) for e, cases, _ in items], limits, budget, notebook, backend,
-                     start_errors=start_errors)
+                     start_errors=start_errors, ran=ran)
     return {e.id: grade(e, cases, expected, raw.get(e.id, []), hidden, stubbed, diagnose, backend)
             for e, cases, expected in items}
 

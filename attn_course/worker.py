@@ -606,6 +606,88 @@ def _watch_code_swaps(package: Path) -> None:
         _AUDITED[0] = True
 
 
+# audit events (:func:`sys.addaudithook`) that are run-time evidence of a rule of the review
+# (:data:`attn_course.review.RULES`): the rule, and the standard library's files that raise the
+# event for their caller (whose own frame is the one that counts); for the others, the frame
+# that called the audited function itself (logging and namedtuple read frames for themselves)
+RAN_EVENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ctypes.": ("ctypes", ("ctypes" + os.sep,)),
+    "gc.get_objects": ("gc", ()), "gc.get_referrers": ("gc", ()), "gc.get_referents": ("gc", ()),
+    "sys._getframe": ("hooks", ()), "sys._current_frames": ("hooks", ()), "sys.setprofile": ("hooks", ()),
+    "sys.settrace": ("hooks", ()), "sys.addaudithook": ("hooks", ()),
+    "exec": ("dynamic code", ()), "compile": ("dynamic code", ()),
+    "subprocess.Popen": ("processes", ("subprocess.py", "os.py")), "os.system": ("processes", ()),
+    "os.fork": ("processes", ()), "os.forkpty": ("processes", ()), "os.kill": ("processes", ()),
+    "os.killpg": ("processes", ()), "os.exec": ("processes", ("os.py",)), "os.posix_spawn": ("processes", ("os.py",)),
+    "os.spawn": ("processes", ("os.py",)), "socket.__new__": ("processes", ("socket.py",)),
+}
+
+
+def _ran_event(event: str) -> tuple[str, tuple[str, ...]] | None:
+    """The rule and the library's own files of an audit event (every ``ctypes.*`` event is ctypes')."""
+    return RAN_EVENTS.get(event) or (RAN_EVENTS["ctypes."] if event.startswith("ctypes.") else None)
+
+
+def _watch_runs(package: Path, fd: int) -> None:
+    """From now on, in a job's own process: the first time the job's own code (its
+    package's files, or a notebook's cells) does what a review rule reads for -- loads a library
+    through ctypes, walks gc's object graph, reads frames, sets a hook, runs code from a string,
+    starts a process -- one line ``{"ran": RULE, "file": PATH, "line": N}`` is written to ``fd``
+    (the job's results channel) at once, before the call returns: what a reader's rules miss
+    (a name built from strings, or written in other letters) is seen as it runs.
+
+    Nothing is kept that a later change could take back: each line is gone before the job's
+    code gets the result of what it called.  The hook's state is its own (an audit hook cannot
+    be removed or listed); only what is done through the very things it watches could reach
+    it, and that is said first.  Never raises.
+    """
+    import sysconfig
+
+    own = (str(package) + os.sep, str(Path(package).resolve()) + os.sep)
+    cells = "<notebook cell"
+    stdlib = sysconfig.get_paths()["stdlib"] + os.sep
+    said: set[str] = set()
+    busy = [False]  # (the hook's own calls raise events too)
+
+    def hook(event: str, args: tuple) -> None:
+        if busy[0]:
+            return
+        found = _ran_event(event)
+        if found is None or found[0] in said:
+            return
+        busy[0] = True
+        try:
+            rule, through = found
+            frame = sys._getframe(1)
+            if through:  # past the library's own frames that raised it for its caller
+                while frame is not None and frame.f_code.co_filename.startswith(stdlib) and \
+                        frame.f_code.co_filename[len(stdlib):].startswith(through):
+                    frame = frame.f_back
+            name = frame.f_code.co_filename if frame is not None else ""
+            if not isinstance(name, str):
+                return
+            if name.startswith(own):
+                where = os.path.relpath(name, own[0] if name.startswith(own[0]) else own[1])
+            elif name.startswith(cells):
+                where = ""
+            else:
+                return
+            if rule == "dynamic code":  # the job's own modules, compiled and run as they are imported
+                code = args[0] if args else None
+                target = getattr(code, "co_filename", args[1] if event == "compile" and len(args) > 1 else "")
+                if isinstance(target, (str, bytes, os.PathLike)) and os.fsdecode(target).startswith(own):
+                    return
+            said.add(rule)
+            line = json.dumps({"ran": rule, "file": where[:300], "line": frame.f_lineno if where else 0})
+            os.write(fd, (line + "\n").encode())
+        except Exception:  # noqa: BLE001 - a watch only: the job runs on
+            pass
+        finally:
+            busy[0] = False
+
+    sys.addaudithook(hook)
+
+
 def as_graded(fn: Callable) -> Callable:
     """``fn``, whose result is refused where it is a Python list (numbers not made an array): the
     probes read the result as an array, and a list was their AttributeError ('list' object has no
@@ -1213,6 +1295,7 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         job = json.loads((work / "job.json").read_text())
         gc.freeze()  # what the template made since (its warm-ups) too: see serve()
+        _watch_runs(work / "pkg", 3)  # (this process ends with its job: the watch with it)
         with open(3, "w", buffering=1) as out:
             run_job(job, work / "pkg", out)
         code = 0

@@ -182,6 +182,9 @@ HOSTILE = {
                                                  "    except OSError:\n        pass\n"
                                                  "    return ctypes.CDLL(None).shmget(0, 1 << 20, 0o1600) >= 0\n"),
                             ["3.4"]),
+    # ctypes reached with no name a reader's rules know: a pickle's bytes call it (strings are not
+    # read); the job's audit hook says it as it runs (attn_course.worker._watch_runs), score unchanged
+    "g3_unnamed_ctypes": (_wrap("3.5", "import pickle\npickle.loads(b'cctypes\\nCDLL\\n(NtR.')\nreturn _honest()"), []),
     # -- the server and the results channel ----------------------------------------------------
     # A job's parent is the template it was forked from (not init: it can be signalled; the server,
     # init of its sandbox, cannot). The stopper stops it, sleeps past its limit and loses 3.3 (not
@@ -376,6 +379,10 @@ def test_the_report_lists_the_code_that_writes_its_own_process_for_review(graded
         r = results[f"{name}.zip"]
         assert any(f["rule"] == "ctypes" and f["where"].startswith("attn_tensors/statmech.py:") for f in r["review"]), r
         assert f"| {md_inline(name.replace('_', '-'), 64)} | " in section, section
+    r = results["g3_unnamed_ctypes.zip"]  # listed as it ran, with its line as the archive has it
+    assert [(f["rule"], f["where"].endswith(" (as it ran)"), "pickle.loads" in f["line"]) for f in r["review"]] == \
+        [("ctypes", True, True)], r["review"]
+    assert f"| {md_inline('g3-unnamed-ctypes', 64)} | " in section, section
     for line in section.splitlines()[6:]:
         assert line.startswith(("| ", "and ", "* ")) or not line.strip(), line
     assert "* ctypes: writes the process" in section

@@ -10,7 +10,8 @@ import pytest
 from attn_course import EXERCISES, RELEASE_LIBRARY, ROOT
 from attn_course.archive import library_files
 from attn_course.notebook_cells import answer_cells
-from attn_course.review import MAX_FLAGS, RULES, WORDS, review_package, review_text
+from attn_course.review import MAX_FLAGS, RULES, WORDS, WHY, ran_flags, review_package, review_text
+from attn_course.runner import Ran
 
 REF = {k: v.decode() for k, v in library_files(ROOT).items()}
 RELEASE = {k: v.decode() for k, v in library_files(RELEASE_LIBRARY).items()}
@@ -103,3 +104,65 @@ def test_a_docstring_is_not_code():
             '    Handy to compile (as in: collect) a table; see also eval(uate) notes.\n    """\n'
             '    return __import__("ctypes")\n')
     assert [(f.where, f.rule) for f in review_text("m.py", text)] == [("m.py:6", "dynamic code")]
+
+
+def test_what_ran_is_shown_with_the_archives_own_line():
+    """The job says only the rule and where; the line shown is the archive's file's (a job that
+    names a line out of range, or a file not in the archive, gets no text of its own shown)."""
+    files = {"attn_tensors/statmech.py": "a = 1\nimport pickle; pickle.loads(p)\n"}
+    flags = ran_flags([Ran("ctypes", "attn_tensors/statmech.py", 2), Ran("ctypes", "attn_tensors/statmech.py", 1),
+                       Ran("gc", "attn_tensors/statmech.py", 99), Ran("hooks", "../../etc/passwd", 1),
+                       Ran("processes", "", 0)], files)
+    assert [(f.where, f.rule, f.line) for f in flags] == [
+        ("attn_tensors/statmech.py:2 (as it ran)", "ctypes", "import pickle; pickle.loads(p)"),
+        ("attn_tensors/statmech.py:99 (as it ran)", "gc", ""),
+        ("the archive's code (as it ran)", "hooks", ""), ("answer cells (as they ran)", "processes", "")]
+
+
+WATCHED = """\
+import collections, logging, pickle, subprocess, sys, warnings
+def quiet():  # what the standard library does for itself is not the module's doing
+    logging.getLogger("x").info("hi"); collections.namedtuple("P", "a b"); warnings.warn("careful")
+    return sorted([3, 1])
+def loud():
+    pickle.loads(b"cctypes\\nCDLL\\n(NtR.")
+    exec("y = 2")
+    subprocess.run(["true"])
+    sys._getframe(0)
+"""
+
+
+def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
+    """attn_course.worker._watch_runs in a process of its own (an audit hook is for good): each rule
+    once, with the job's file and line, at once; the grader's code, the standard library's own
+    frame reads and the package's import are not the job's doing."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "pkg"
+    (pkg / "mod").mkdir(parents=True)
+    (pkg / "mod" / "__init__.py").write_text("from . import code\n")
+    (pkg / "mod" / "code.py").write_text(WATCHED)
+    script = (f"import os, sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(pkg)!r})\n"
+              "from attn_course import worker\n"
+              "r, w = os.pipe()\n"
+              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
+              "import mod\n"
+              "sys._getframe(0); exec('z = 3')\n"  # (not the job's code: this script's)\n"
+              "mod.code.quiet(); os.write(w, b'-\\n'); mod.code.loud(); mod.code.loud()\n"
+              "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "-", lines  # nothing before loud(): the import, the script's own, quiet()
+    got = [json.loads(line) for line in lines[1:]]
+    where = "mod/code.py"
+    assert got == [{"ran": "ctypes", "file": where, "line": 6}, {"ran": "dynamic code", "file": where, "line": 7},
+                   {"ran": "processes", "file": where, "line": 8}, {"ran": "hooks", "file": where, "line": 9}], got
+    assert all(g["ran"] in WHY for g in got)
+
+
+def test_every_watched_event_is_a_rule_of_the_review():
+    from attn_course.worker import RAN_EVENTS
+
+    assert {rule for rule, _ in RAN_EVENTS.values()} <= set(WHY)
