@@ -204,7 +204,8 @@ def _review_lines(best: dict) -> list[str]:
     lines = ["", "## Code to review", "",
              f"{len(flagged)} students' counted archives use what no exercise needs and what can reach the code that "
              "checks them (`attn_course/review.py`; the checks that run say `tampered` where they see a change). "
-             "A place to look, not a verdict: no score depends on it.", "",
+             "Read in the archive, or seen as the job ran (\"as it ran\": its own code did it, however it was "
+             "spelt). A place to look, not a verdict: no score depends on it.", "",
              "| student | where | what | the line |", "|---|---|---|---|"]
     rows, more, seen = 0, 0, set()
     for sid, r in flagged:
