@@ -45,6 +45,10 @@ from .notebook_cells import answer_cells
 from .text import plain
 
 MAX_TEXT = 1 << 20  # characters of a module read (a submission's module is far smaller)
+# characters an archive may have tokenized to blank its strings and comments (the whole library is
+# a quarter of it); past it a module is read as it is, strings too (tokenizing is Python, about
+# 2 s a megabyte: an archive of 16 such modules held the grader, outside every limit, for a minute)
+MAX_TOKENIZED = 1 << 20
 MAX_FLAGS = 20  # flags kept per archive (the count says how many there were)
 
 
@@ -111,20 +115,26 @@ def _code_lines(text: str) -> list[str]:
     """The module's lines with their comments and string literals blanked (a docstring that
     speaks of a signal is not code; ``__import__("ctypes")`` is still its ``__import__``); the
     lines as they are where the text does not tokenize (a syntax error: the import fails
-    anyway, but it is read)."""
+    anyway, but it is read).  Each line is rebuilt once, from its blanked spans (rebuilt at each
+    of a line's strings, a line of a million ``'',`` took a minute of the grader's time)."""
     lines = text.splitlines()
+    spans: dict[int, list[tuple[int, int]]] = {}
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type not in (tokenize.COMMENT, tokenize.STRING):
                 continue
             (r0, c0), (r1, c1) = tok.start, tok.end
             for row in range(r0, r1 + 1):
-                line = lines[row - 1]
-                start = c0 if row == r0 else 0
-                end = c1 if row == r1 else len(line)
-                lines[row - 1] = line[:start] + " " * (end - start) + line[end:]
+                spans.setdefault(row - 1, []).append((c0 if row == r0 else 0, c1 if row == r1 else len(lines[row - 1])))
     except (tokenize.TokenError, SyntaxError, IndexError, RecursionError, MemoryError):
         return text.splitlines()
+    for row, blanks in spans.items():
+        if row >= len(lines):
+            continue
+        chars = list(lines[row])
+        for start, end in blanks:
+            chars[start:end] = " " * (end - start)
+        lines[row] = "".join(chars)
     return lines
 
 
@@ -153,8 +163,11 @@ def _known(stub: str) -> frozenset[str]:
     return frozenset(line.strip() for line in _as_python_reads(stub).splitlines())
 
 
-def review_text(where: str, text: str, stub: str = "") -> list[Flag]:
-    """The flags of one module (or a notebook's answer cells): lines not in ``stub`` that a rule matches."""
+def review_text(where: str, text: str, stub: str = "", budget: list[int] | None = None) -> list[Flag]:
+    """The flags of one module (or a notebook's answer cells): lines not in ``stub`` that a rule matches.
+
+    ``budget``: ``[characters]`` the archive may still have tokenized (:data:`MAX_TOKENIZED`),
+    spent here; once spent, the text's strings and comments are read as code too."""
     written = text[:MAX_TEXT]
     text = _as_python_reads(written)
     known = _known(stub)
@@ -166,7 +179,12 @@ def review_text(where: str, text: str, stub: str = "") -> list[Flag]:
     new = [i for i in new if WORDS.search(lines[i])]
     if not new or not ANY.search("\n".join(lines[i] for i in new)):  # (most modules: nothing tokenized)
         return []
-    code_lines = _code_lines(text)
+    if budget is None or budget[0] >= len(text):
+        code_lines = _code_lines(text)
+        if budget is not None:
+            budget[0] -= len(text)
+    else:
+        code_lines = lines
     flags = []
     for i in new:
         code = code_lines[i] if i < len(code_lines) else lines[i]
@@ -185,15 +203,16 @@ def review_package(files: Mapping[str, str], release: Mapping[str, str],
     (``{"notebooks/chNN.ipynb": bytes}``, answer cells against the release's answer cells):
     at most :data:`MAX_FLAGS` of them, and how many there were."""
     flags: list[Flag] = []
+    budget = [MAX_TOKENIZED]
     for path in sorted(files):
         if path.endswith(".py") and files[path] != release.get(path):
-            flags += review_text(path, files[path], release.get(path, ""))
+            flags += review_text(path, files[path], release.get(path, ""), budget)
     for name in sorted(notebooks):
         try:
             cells = answer_cells(notebooks[name])
         except ValueError:
             continue  # (the grader says so where it grades notebooks)
-        flags += review_text(f"{name} (answer cells)", cells, release_notebooks.get(name, ""))
+        flags += review_text(f"{name} (answer cells)", cells, release_notebooks.get(name, ""), budget)
     return flags[:MAX_FLAGS], len(flags)
 
 

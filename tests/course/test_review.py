@@ -166,3 +166,22 @@ def test_every_watched_event_is_a_rule_of_the_review():
     from attn_course.worker import RAN_EVENTS
 
     assert {rule for rule, _ in RAN_EVENTS.values()} <= set(WHY)
+
+
+def test_an_archive_has_a_megabyte_tokenized_and_the_rest_read_as_it_is(monkeypatch):
+    """Blanking strings tokenizes (Python, about 2 s a megabyte): an archive's modules share
+    MAX_TOKENIZED characters of it; past it a module is read whole, strings too (red team: 16
+    modules of a million characters held the grader for minutes).  A line of many strings is
+    blanked in one pass, to the same text."""
+    from attn_course import review
+
+    line = "x = [" + "'gc.get_objects()'," * 500 + "]  # gc.get_objects()"
+    blank = "x = [" + (" " * len("'gc.get_objects()'") + ",") * 500 + "]  " + " " * len("# gc.get_objects()")
+    assert review._code_lines(f"import gc\n{line}\n")[1] == blank
+    module = "import gc\ns = 'eval(x)'\n"
+    files = {"attn_tensors/a.py": module, "attn_tensors/b.py": module}
+    assert [f.rule for f in review_package(files, {})[0]] == ["gc", "gc"]
+    monkeypatch.setattr(review, "MAX_TOKENIZED", len(module))
+    flags = review_package(files, {})[0]
+    assert [(f.where, f.rule) for f in flags] == [("attn_tensors/a.py:1", "gc"), ("attn_tensors/b.py:1", "gc"),
+                                                   ("attn_tensors/b.py:2", "dynamic code")]
