@@ -80,7 +80,7 @@ BACKEND_CHOICES = ("jax", "mlx", "both")
 # what a grading folder holds: the grader's files (report, similarity, nbgrader's part) and nothing else
 GRADING_NAMES = frozenset({"results", "feedback", "exports", "similarity", "nbgrader", "gradebook.csv", "grades.csv",
                            "report.md", "histograms.svg", "histograms.png", ".histograms.key", "run.lock",
-                           "late-policy.json", ".written.json"})
+                           "late-policy.json", ".written.json", ".written.journal"})
 
 
 class OutputFolderError(ValueError):

@@ -7,19 +7,22 @@ the generated version silently.  :class:`Outputs` records the SHA-256 of what
 it wrote (``GRADING/.written.json``); a file that is no longer what was
 written is the instructor's, kept as it is, and the run writes its own version
 beside it (``gradebook.csv.new``) and says so, unless it is the same as what
-was written before (nothing new to show).  A folder graded before this
-record existed is written as before.
+was written before (nothing new to show).  So is a file at a path the grader
+never wrote (a feedback file written by hand for a student with no archive
+yet).  A folder graded before this record existed is written as before.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from .results import atomic_write
 
 LEDGER = ".written.json"
+JOURNAL = ".written.journal"  # what a run is about to write, a line a file, until its ledger is written
 
 
 def beside(path: Path) -> Path:
@@ -40,23 +43,46 @@ def _digest(data: bytes) -> str:
 
 class Outputs:
     """Writes ``out``'s generated files (:meth:`write`), keeping the ones edited since; :meth:`close`
-    records what it wrote.  ``kept``: the edited files kept, relative to ``out``."""
+    records what it wrote.  ``kept``: the edited files kept, relative to ``out``.
+
+    A file is the grader's where its content is one the grader wrote there, or was about to (the
+    journal, :data:`JOURNAL`, says so before each write: a run stopped half-way leaves no file
+    taken for the instructor's).  Any other file, where the ledger exists, is the instructor's,
+    also one at a path the grader never wrote (a feedback file written by hand for a student who
+    had sent nothing was replaced by the student's feedback when an archive came: red team).
+    """
 
     def __init__(self, out: Path):
         self.out = Path(out)
         self.kept: list[str] = []
+        self.known: dict[str, list[str]] = {}  # the digests the grader wrote (or was about to) at each path
         try:
             ledger = json.loads((self.out / LEDGER).read_text())
-            self.written: dict[str, str] = ledger if isinstance(ledger, dict) else {}
+            self.found = True
         except (OSError, ValueError):
-            self.written = {}
+            ledger, self.found = {}, False
+        for rel, digests in (ledger.items() if isinstance(ledger, dict) else ()):
+            digests = [digests] if isinstance(digests, str) else digests  # (a ledger of one digest a file)
+            if isinstance(rel, str) and isinstance(digests, list):
+                self.known[rel] = [d for d in digests if isinstance(d, str)][-2:]
+        try:
+            journal = (self.out / JOURNAL).read_text(errors="replace")
+        except OSError:
+            journal = ""
+        for line in journal.splitlines():  # (a run that stopped before its ledger)
+            rel, _, digest = line.rpartition("\t")
+            if rel and len(digest) == 64:
+                self.found = True
+                self.known[rel] = (self.known.get(rel, []) + [digest])[-2:]
+        self._journal = None
+        self.written: dict[str, str] = {}  # what this run wrote (or found already written)
 
     def write(self, path: Path, data: str | bytes) -> None:
         path = Path(path)
         rel = path.relative_to(self.out).as_posix()
         data = data.encode() if isinstance(data, str) else data
         new = _digest(data)
-        recorded = self.written.get(rel)
+        known = self.known.get(rel, [])
         try:
             now = _digest(path.read_bytes()) if path.is_file() else None
         except OSError:
@@ -64,14 +90,32 @@ class Outputs:
         if now == new:  # already what it would write (a rerun that changed nothing here): left as it is
             self.written[rel] = new
             return
-        if recorded is not None and now is not None:
-            if now != recorded:  # edited since this grader wrote it: the instructor's now
-                if new != recorded:
-                    atomic_write(beside(path), data)
-                    self.kept.append(rel)
-                return
+        if now is not None and now not in known and (known or self.found):
+            # not what this grader wrote: the instructor's (edited, or written where the grader had not)
+            if new not in known:  # (the same version as the last run's: nothing new to show)
+                atomic_write(beside(path), data)
+                self.kept.append(rel)
+            return
+        self._note(rel, new)
         atomic_write(path, data)
         self.written[rel] = new
 
+    def _note(self, rel: str, digest: str) -> None:
+        if self._journal is None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.out / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self._journal = open(fd, "a", encoding="utf-8")
+        self._journal.write(f"{rel}\t{digest}\n")
+        self._journal.flush()
+
     def close(self) -> None:
-        atomic_write(self.out / LEDGER, json.dumps(self.written, indent=0, sort_keys=True))
+        ledger = dict(self.known)  # (a path not written this run: what it may hold, as before)
+        ledger.update({rel: [digest] for rel, digest in self.written.items()})
+        atomic_write(self.out / LEDGER, json.dumps(ledger, indent=0, sort_keys=True))
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        try:
+            (self.out / JOURNAL).unlink()
+        except FileNotFoundError:
+            pass
