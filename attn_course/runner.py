@@ -61,9 +61,6 @@ class Ran:
     line: int
 
 
-MAX_RAN = 32  # what a job's watch says at most (one line a rule; a job's forked copies repeat it)
-
-
 def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | Ran | None] | None:
     """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes)
     or ("ran", rule, :class:`Ran`); None if it is not one.
@@ -183,8 +180,9 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     a crash.  Otherwise such a start is every exercise's failure, with its
     reason (a student's ``check``).
 
-    ``ran``: where given, what the jobs' own code was seen doing as it ran (:class:`Ran`,
-    each once, :data:`MAX_RAN` at most) is added to it.
+    ``ran``: where given, what the jobs' own code was seen doing as it ran (:class:`Ran`, the
+    first line of each rule: a job may write such lines itself, but not so as to hide a rule)
+    is added to it.
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
@@ -248,8 +246,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 if parsed is None:
                     continue
                 kind, ex_id, outcomes = parsed
-                if kind == "ran":
-                    if ran is not None and outcomes not in ran and len(ran) < MAX_RAN:
+                if kind == "ran":  # the first of each rule: lines the job wrote itself can hide no rule
+                    if ran is not None and all(r.rule != outcomes.rule for r in ran):
                         ran.append(outcomes)
                 elif kind == "start":  # again: a case of it runs alone after the job's program
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())

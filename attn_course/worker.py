@@ -607,79 +607,96 @@ def _watch_code_swaps(package: Path) -> None:
 
 
 # audit events (:func:`sys.addaudithook`) that are run-time evidence of a rule of the review
-# (:data:`attn_course.review.RULES`): the rule, and the standard library's files that raise the
-# event for their caller (whose own frame is the one that counts); for the others, the frame
-# that called the audited function itself (logging and namedtuple read frames for themselves)
-RAN_EVENTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ctypes.": ("ctypes", ("ctypes" + os.sep,)),
-    "gc.get_objects": ("gc", ()), "gc.get_referrers": ("gc", ()), "gc.get_referents": ("gc", ()),
-    "sys._getframe": ("hooks", ()), "sys._current_frames": ("hooks", ()), "sys.setprofile": ("hooks", ()),
-    "sys.settrace": ("hooks", ()), "sys.addaudithook": ("hooks", ()),
-    "exec": ("dynamic code", ()), "compile": ("dynamic code", ()),
-    "subprocess.Popen": ("processes", ("subprocess.py", "os.py")), "os.system": ("processes", ()),
-    "os.fork": ("processes", ()), "os.forkpty": ("processes", ()), "os.kill": ("processes", ()),
-    "os.killpg": ("processes", ()), "os.exec": ("processes", ("os.py",)), "os.posix_spawn": ("processes", ("os.py",)),
-    "os.spawn": ("processes", ("os.py",)), "socket.__new__": ("processes", ("socket.py",)),
+# (:data:`attn_course.review.RULES`): the rule, and whether the code that counts is the first
+# that is not a library's (True: the standard library's or an installed package's own frames,
+# which did it for their caller, are passed), or the code that called the audited function itself
+# (False: logging, warnings and namedtuple read frames or compile code for themselves)
+RAN_EVENTS: dict[str, tuple[str, bool]] = {
+    "ctypes.": ("ctypes", True),  # (every ctypes.* event)
+    "gc.get_objects": ("gc", True), "gc.get_referrers": ("gc", True), "gc.get_referents": ("gc", True),
+    "sys._getframe": ("hooks", False), "sys._current_frames": ("hooks", False), "sys.setprofile": ("hooks", False),
+    "sys.settrace": ("hooks", False), "sys.addaudithook": ("hooks", False),
+    "exec": ("dynamic code", False), "compile": ("dynamic code", False),
+    "code.__new__": ("code objects", False), "function.__new__": ("code objects", False),
+    "marshal.loads": ("code objects", False), "object.__setattr__": ("code objects", False),
+    "subprocess.Popen": ("processes", True), "os.system": ("processes", True), "os.fork": ("processes", True),
+    "os.forkpty": ("processes", True), "os.kill": ("processes", True), "os.killpg": ("processes", True),
+    "os.exec": ("processes", True), "os.posix_spawn": ("processes", True), "os.spawn": ("processes", True),
+    "socket.__new__": ("processes", True),
 }
+_CODE_ATTRIBUTES = ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__")
 
 
-def _ran_event(event: str) -> tuple[str, tuple[str, ...]] | None:
-    """The rule and the library's own files of an audit event (every ``ctypes.*`` event is ctypes')."""
+def _ran_event(event: str, args: tuple) -> tuple[str, bool] | None:
+    """The rule of an audit event, and whether libraries' frames are passed (:data:`RAN_EVENTS`)."""
+    if event == "object.__setattr__" and not (len(args) > 1 and args[1] in _CODE_ATTRIBUTES):
+        return None
     return RAN_EVENTS.get(event) or (RAN_EVENTS["ctypes."] if event.startswith("ctypes.") else None)
 
 
-def _watch_runs(package: Path, fd: int) -> None:
-    """From now on, in a job's own process: the first time the job's own code (its
-    package's files, or a notebook's cells) does what a review rule reads for -- loads a library
-    through ctypes, walks gc's object graph, reads frames, sets a hook, runs code from a string,
-    starts a process -- one line ``{"ran": RULE, "file": PATH, "line": N}`` is written to ``fd``
-    (the job's results channel) at once, before the call returns: what a reader's rules miss
-    (a name built from strings, or written in other letters) is seen as it runs.
-
-    Nothing is kept that a later change could take back: each line is gone before the job's
-    code gets the result of what it called.  The hook's state is its own (an audit hook cannot
-    be removed or listed); only what is done through the very things it watches could reach
-    it, and that is said first.  Never raises.
-    """
+def _libraries() -> tuple[str, ...]:
+    """Where the code of no job lies: the standard library, the installed packages, the frozen ones."""
     import sysconfig
 
+    paths = sysconfig.get_paths()
+    dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    dirs += [os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(np.__file__))]  # (where they are)
+    found = {os.path.realpath(d) + os.sep for d in dirs} | {os.path.abspath(d) + os.sep for d in dirs}
+    return tuple(sorted(found)) + ("<frozen ",)
+
+
+def _watch_runs(package: Path, fd: int) -> None:
+    """From now on, in a job's own process: the first time the job's code does what a review rule
+    reads for -- loads a library through ctypes, walks gc's object graph, reads frames or sets a
+    hook, runs code from a string or makes code objects, starts a process -- one line
+    ``{"ran": RULE, "file": PATH, "line": N}`` is written to ``fd`` (the job's results channel)
+    at once, before the call returns: what a reader's rules miss (a name built from strings, or
+    written in other letters; a pickle that calls ctypes) is seen as it runs.
+
+    The job's code is any that is neither a library's (:func:`_libraries`) nor the grader's: its
+    package's files (PATH, relative), and what it wrote elsewhere or made from strings, or a
+    notebook's cells (PATH ""; N 0).  Nothing is kept that a later change could take back: each
+    line is gone before the job's code gets the result of what it called, and the hook's state is
+    its own (an audit hook cannot be removed or listed).  Where ``fd`` is no longer the channel it
+    was (closed, or another file put in its place while the job did such a thing), the job ends
+    at once: its exercise is lost, as a crash.  Otherwise never raises.
+    """
     own = (str(package) + os.sep, str(Path(package).resolve()) + os.sep)
-    cells = "<notebook cell"
-    stdlib = sysconfig.get_paths()["stdlib"] + os.sep
+    grader = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    libraries = _libraries()
+    channel = os.fstat(fd)
     said: set[str] = set()
     busy = [False]  # (the hook's own calls raise events too)
 
     def hook(event: str, args: tuple) -> None:
         if busy[0]:
             return
-        found = _ran_event(event)
+        found = _ran_event(event, args)
         if found is None or found[0] in said:
             return
         busy[0] = True
         try:
-            rule, through = found
+            rule, past_libraries = found
             frame = sys._getframe(1)
-            if through:  # past the library's own frames that raised it for its caller
-                while frame is not None and frame.f_code.co_filename.startswith(stdlib) and \
-                        frame.f_code.co_filename[len(stdlib):].startswith(through):
+            if past_libraries:
+                while frame is not None and str(frame.f_code.co_filename).startswith(libraries):
                     frame = frame.f_back
-            name = frame.f_code.co_filename if frame is not None else ""
-            if not isinstance(name, str):
+            name = frame.f_code.co_filename if frame is not None else None
+            if not isinstance(name, str) or name.startswith(libraries + (grader,)):
                 return
             if name.startswith(own):
                 where = os.path.relpath(name, own[0] if name.startswith(own[0]) else own[1])
-            elif name.startswith(cells):
+            else:  # code the job wrote elsewhere, made from a string, or a notebook's cell
                 where = ""
-            else:
-                return
-            if rule == "dynamic code":  # the job's own modules, compiled and run as they are imported
-                code = args[0] if args else None
-                target = getattr(code, "co_filename", args[1] if event == "compile" and len(args) > 1 else "")
-                if isinstance(target, (str, bytes, os.PathLike)) and os.fsdecode(target).startswith(own):
-                    return
             said.add(rule)
             line = json.dumps({"ran": rule, "file": where[:300], "line": frame.f_lineno if where else 0})
-            os.write(fd, (line + "\n").encode())
+            try:
+                now = os.fstat(fd)
+                same = (now.st_dev, now.st_ino) == (channel.st_dev, channel.st_ino)
+            except OSError:
+                same = False
+            if not same or os.write(fd, (line + "\n").encode()) <= 0:
+                os._exit(3)  # the channel was taken away while the job did it: nothing it reports counts
         except Exception:  # noqa: BLE001 - a watch only: the job runs on
             pass
         finally:

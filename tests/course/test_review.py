@@ -129,37 +129,67 @@ def loud():
     exec("y = 2")
     subprocess.run(["true"])
     sys._getframe(0)
+    quiet.__code__ = quiet.__code__.replace(co_filename="/usr/lib/python3.11/fake.py")
 """
 
 
 def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
     """attn_course.worker._watch_runs in a process of its own (an audit hook is for good): each rule
-    once, with the job's file and line, at once; the grader's code, the standard library's own
-    frame reads and the package's import are not the job's doing."""
+    once, with the job's file and line, at once; the standard library's own frame reads and the
+    package's import are not the job's doing; code of the job's outside its package (written
+    elsewhere, made from a string) is the job's too, named by no file."""
+    import subprocess
+    import sys
+
+    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
+    (pkg / "mod").mkdir(parents=True)
+    elsewhere.mkdir()
+    (pkg / "mod" / "__init__.py").write_text("from . import code\n")
+    (pkg / "mod" / "code.py").write_text(WATCHED)
+    (elsewhere / "other.py").write_text("import gc\ndef walk(x):\n    return gc.get_referrers(x)\n")
+    script = (f"import os, sys; sys.path[:0] = [{str(ROOT)!r}, {str(pkg)!r}, {str(elsewhere)!r}]\n"
+              "from attn_course import worker\n"
+              "r, w = os.pipe()\n"
+              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
+              "import mod, other\n"
+              "mod.code.quiet(); os.write(w, b'-\\n'); mod.code.loud(); mod.code.loud(); other.walk(r)\n"
+              "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "-", lines  # nothing before loud(): the imports, quiet()
+    got = [json.loads(line) for line in lines[1:]]
+    where = "mod/code.py"
+    assert got == [{"ran": "ctypes", "file": where, "line": 6}, {"ran": "dynamic code", "file": where, "line": 7},
+                   {"ran": "processes", "file": where, "line": 8}, {"ran": "hooks", "file": where, "line": 9},
+                   {"ran": "code objects", "file": where, "line": 10}, {"ran": "gc", "file": "", "line": 0}], got
+    assert all(g["ran"] in WHY for g in got)
+
+
+def test_a_job_that_takes_its_channel_away_while_it_does_so_ends(tmp_path):
+    """Red team: the job put /dev/null in place of its results channel while it used ctypes, then
+    put the channel back: the watch's line was lost.  The job now ends there (a crash: its exercise
+    is lost); a job that leaves its channel alone runs on."""
     import subprocess
     import sys
 
     pkg = tmp_path / "pkg"
     (pkg / "mod").mkdir(parents=True)
-    (pkg / "mod" / "__init__.py").write_text("from . import code\n")
-    (pkg / "mod" / "code.py").write_text(WATCHED)
-    script = (f"import os, sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(pkg)!r})\n"
+    (pkg / "mod" / "__init__.py").write_text(
+        "import ctypes, os\n"
+        "def hide(fd):\n"
+        "    keep = os.dup(fd); null = os.open(os.devnull, os.O_WRONLY); os.dup2(null, fd)\n"
+        "    ctypes.CDLL(None).getpid()\n"
+        "    os.dup2(keep, fd)\n")
+    script = (f"import os, sys; sys.path[:0] = [{str(ROOT)!r}, {str(pkg)!r}]\n"
               "from attn_course import worker\n"
               "r, w = os.pipe()\n"
               f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
               "import mod\n"
-              "sys._getframe(0); exec('z = 3')\n"  # (not the job's code: this script's)\n"
-              "mod.code.quiet(); os.write(w, b'-\\n'); mod.code.loud(); mod.code.loud()\n"
-              "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
+              "mod.hide(w)\n"
+              "print('ran on')\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()
-    assert lines[0] == "-", lines  # nothing before loud(): the import, the script's own, quiet()
-    got = [json.loads(line) for line in lines[1:]]
-    where = "mod/code.py"
-    assert got == [{"ran": "ctypes", "file": where, "line": 6}, {"ran": "dynamic code", "file": where, "line": 7},
-                   {"ran": "processes", "file": where, "line": 8}, {"ran": "hooks", "file": where, "line": 9}], got
-    assert all(g["ran"] in WHY for g in got)
+    assert out.returncode == 3 and "ran on" not in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
 
 
 def test_every_watched_event_is_a_rule_of_the_review():
