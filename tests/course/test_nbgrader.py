@@ -219,6 +219,10 @@ def test_one_command_grades_archives_and_their_notebooks(notebook_class):
     scores = {(row["assignment"], row["student_id"]): float(row["score"]) for row in rows}
     assert scores[("ch03", "good")] == 12 and scores[("ch03", "blank")] == 0
     assert scores[("library", "good")] == 12 and scores[("library", "blank")] == 0
+    # the honest archive's code, read and run (its notebook's cells too), has nothing to review
+    good = [json.loads(p.read_text()) for p in (out / "results").glob("*.json")]
+    good = [g for g in good if g.get("student_id") == "good"]
+    assert len(good) == 1 and good[0]["review"] == [] and good[0]["review_count"] == 0, good
 
 
 @pytest.mark.parametrize("sid", sorted(HOSTILE_NOTEBOOKS))
