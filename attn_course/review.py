@@ -219,7 +219,8 @@ def review_package(files: Mapping[str, str], release: Mapping[str, str],
 def ran_flags(ran: Iterable, files: Mapping[str, str]) -> list[Flag]:
     """Flags of what an archive's code was seen doing as it ran (:class:`attn_course.runner.Ran`,
     :func:`attn_course.worker._watch_runs`), a rule once each: ``FILE:LINE (as it ran)`` with that
-    line as the archive's file has it (the job says only where), or ``answer cells (as they ran)``."""
+    line as the archive's file has it (the job says only where), or where no file of the archive is
+    named, what the code was (a notebook's cells; code the job made, wrote elsewhere or ran in a thread)."""
     flags: list[Flag] = []
     for r in ran:
         if any(f.rule == r.rule for f in flags):
@@ -228,6 +229,8 @@ def ran_flags(ran: Iterable, files: Mapping[str, str]) -> list[Flag]:
             lines = files[r.file].splitlines()
             text = lines[r.line - 1] if 1 <= r.line <= len(lines) else ""
             flags.append(Flag(f"{r.file}:{r.line} (as it ran)", r.rule, plain(text.strip(), 160, newlines=False)))
-        else:  # a notebook's cells ("": the job's watch names no file of them), or a file not in the archive
-            flags.append(Flag("answer cells (as they ran)" if not r.file else "the archive's code (as it ran)", r.rule, ""))
+        else:
+            where = {"<cells>": "answer cells (as they ran)",
+                     "": "code it made, wrote elsewhere or ran in a thread (as it ran)"}.get(r.file, "the archive's code (as it ran)")
+            flags.append(Flag(where, r.rule, ""))
     return flags

@@ -62,8 +62,8 @@ class Ran:
 
 
 def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | Ran | None] | None:
-    """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes)
-    or ("ran", rule, :class:`Ran`); None if it is not one.
+    """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes),
+    ("watch", key, None) or ("ran", key, :class:`Ran`); None if it is not one.
 
     ``todo`` maps the exercises still expected to their number of cases; a
     line about anything else, of another shape, too deep or unreadable is
@@ -79,13 +79,15 @@ def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | R
         return "start", obj["start"], None
     if obj == {"phase": "compile"}:
         return "phase", COMPILING, None
-    if set(obj) == {"ran", "file", "line"}:
+    if set(obj) == {"watch"} and isinstance(obj["watch"], str) and len(obj["watch"]) == 32:
+        return "watch", obj["watch"], None
+    if set(obj) == {"ran", "file", "line", "key"} and isinstance(obj["key"], str):
         from .review import WHY
 
         rule, file, line = obj["ran"], obj["file"], obj["line"]
         if (isinstance(rule, str) and rule in WHY and isinstance(file, str) and len(file) <= 300
                 and type(line) is int and 0 <= line <= 10**7):
-            return "ran", rule, Ran(rule, file, line)
+            return "ran", obj["key"], Ran(rule, file, line)
         return None
     if set(obj) == {"id", "results"} and isinstance(obj["id"], str) and obj["id"] in todo:
         results = obj["results"]
@@ -181,8 +183,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     reason (a student's ``check``).
 
     ``ran``: where given, what the jobs' own code was seen doing as it ran (:class:`Ran`, the
-    first line of each rule: a job may write such lines itself, but not so as to hide a rule)
-    is added to it.
+    first line of each rule that carries the key of the job's watch, its first line: a line of the
+    job's own making has none) is added to it.
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
@@ -208,6 +210,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         if programs is not Programs.JOB:
             job["programs"] = programs.value
         current, verdict, done, received = None, None, None, 0
+        key = None  # the job's watch's (its first line): a "ran" line without it is the job's own making
         seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
         killed = server.sandbox.memory_kills()  # and the memory limit's
@@ -246,8 +249,10 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 if parsed is None:
                     continue
                 kind, ex_id, outcomes = parsed
-                if kind == "ran":  # the first of each rule: lines the job wrote itself can hide no rule
-                    if ran is not None and all(r.rule != outcomes.rule for r in ran):
+                if kind == "watch":
+                    key = ex_id if key is None else key
+                elif kind == "ran":  # the watch's (its key), the first of each rule
+                    if ran is not None and ex_id == key and all(r.rule != outcomes.rule for r in ran):
                         ran.append(outcomes)
                 elif kind == "start":  # again: a case of it runs alone after the job's program
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())

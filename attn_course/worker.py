@@ -635,38 +635,89 @@ def _ran_event(event: str, args: tuple) -> tuple[str, bool] | None:
 
 
 def _libraries() -> tuple[str, ...]:
-    """Where the code of no job lies: the standard library, the installed packages, the frozen ones."""
+    """Where the code of no job lies: the standard library and the installed packages."""
     import sysconfig
 
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     dirs += [os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(np.__file__))]  # (where they are)
     found = {os.path.realpath(d) + os.sep for d in dirs} | {os.path.abspath(d) + os.sep for d in dirs}
-    return tuple(sorted(found)) + ("<frozen ",)
+    return tuple(sorted(found))
 
 
 def _watch_runs(package: Path, fd: int) -> None:
     """From now on, in a job's own process: the first time the job's code does what a review rule
     reads for -- loads a library through ctypes, walks gc's object graph, reads frames or sets a
     hook, runs code from a string or makes code objects, starts a process -- one line
-    ``{"ran": RULE, "file": PATH, "line": N}`` is written to ``fd`` (the job's results channel)
-    at once, before the call returns: what a reader's rules miss (a name built from strings, or
-    written in other letters; a pickle that calls ctypes) is seen as it runs.
+    ``{"ran": RULE, "file": PATH, "line": N, "key": KEY}`` is written to ``fd`` (the job's results
+    channel) at once, before the call returns: what a reader's rules miss (a name built from
+    strings, or written in other letters; a pickle that calls ctypes) is seen as it runs.  First,
+    before any of the job's code runs, ``{"watch": KEY}``: a key of this process's own, without
+    which a line of the job's own making is not taken for the watch's (red team: a forged first
+    line of a rule hid the real one).
 
-    The job's code is any that is neither a library's (:func:`_libraries`) nor the grader's: its
-    package's files (PATH, relative), and what it wrote elsewhere or made from strings, or a
-    notebook's cells (PATH ""; N 0).  Nothing is kept that a later change could take back: each
-    line is gone before the job's code gets the result of what it called, and the hook's state is
-    its own (an audit hook cannot be removed or listed).  Where ``fd`` is no longer the channel it
-    was (closed, or another file put in its place while the job did such a thing), the job ends
-    at once: its exercise is lost, as a crash.  Otherwise never raises.
+    The job's code is any that is not a library's nor the grader's: a library's frame is one of a
+    module of the standard library or an installed package, loaded as such (its file's name alone
+    is the job's to choose: a compiled file that named itself ``<frozen ...>`` passed); PATH is
+    relative for the package's files, ``<cells>`` for a notebook's, "" for any other code of the
+    job's (written elsewhere, made from a string, or run by a thread it started, whose stack holds
+    library frames only).  The hook holds what it calls (the job may rebind ``os.write``), and the
+    rule is said only once its line is written.  Where ``fd`` is no longer the channel it was
+    (closed, or another file put in its place), or the line cannot be written, the job ends at
+    once: its exercise is lost, as a crash.
     """
+    import threading
+
     own = (str(package) + os.sep, str(Path(package).resolve()) + os.sep)
     grader = os.path.dirname(os.path.abspath(__file__)) + os.sep
     libraries = _libraries()
-    channel = os.fstat(fd)
+    frozen = "<frozen "
+    # the module dicts of the libraries loaded by now (a library module loaded later is looked up)
+    known: set[int] = set()
+    refused: set[int] = set()
+
+    def library_module(m) -> bool:
+        spec = getattr(m, "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if origin in ("frozen", "built-in"):
+            return True
+        return isinstance(origin, str) and origin.startswith(libraries) and origin.endswith((".py", ".so")) \
+            and os.path.isfile(origin)
+
+    for m in list(sys.modules.values()):
+        if library_module(m):
+            known.add(id(getattr(m, "__dict__", None)))
+    write, fstat, dumps, relpath, exit_, getframe = os.write, os.fstat, json.dumps, os.path.relpath, os._exit, sys._getframe
+    main = threading.main_thread()
+    current = threading.current_thread
+    key = os.urandom(16).hex()
+    channel = fstat(fd)
     said: set[str] = set()
     busy = [False]  # (the hook's own calls raise events too)
+
+    def is_library(frame) -> bool:
+        name = frame.f_code.co_filename
+        if not (type(name) is str and (name.startswith(libraries) or name.startswith(frozen))):
+            return False
+        g = id(frame.f_globals)
+        if g in known:
+            return True
+        if g in refused:
+            return False
+        for m in list(sys.modules.values()):  # (a library module loaded since: as the import system made it)
+            if getattr(m, "__dict__", None) is frame.f_globals and library_module(m):
+                known.add(g)
+                return True
+        refused.add(g)
+        return False
+
+    def say(line: str) -> None:
+        try:
+            now = fstat(fd)
+            if (now.st_dev, now.st_ino) != (channel.st_dev, channel.st_ino) or write(fd, line.encode()) <= 0:
+                exit_(3)
+        except BaseException:  # noqa: BLE001 - the channel was taken away: nothing it reports counts
+            exit_(3)
 
     def hook(event: str, args: tuple) -> None:
         if busy[0]:
@@ -677,31 +728,33 @@ def _watch_runs(package: Path, fd: int) -> None:
         busy[0] = True
         try:
             rule, past_libraries = found
-            frame = sys._getframe(1)
-            if past_libraries:
-                while frame is not None and str(frame.f_code.co_filename).startswith(libraries):
-                    frame = frame.f_back
-            name = frame.f_code.co_filename if frame is not None else None
-            if not isinstance(name, str) or name.startswith(libraries + (grader,)):
-                return
-            if name.startswith(own):
-                where = os.path.relpath(name, own[0] if name.startswith(own[0]) else own[1])
-            else:  # code the job wrote elsewhere, made from a string, or a notebook's cell
-                where = ""
+            frame = getframe(1)
+            first = frame
+            while frame is not None and is_library(frame):
+                frame = frame.f_back
+            if frame is None:  # library frames only: a thread the job started (the main one ends in the grader's)
+                if current() is main:
+                    return
+                where, number = "", 0
+            elif frame is not first and not past_libraries:
+                return  # a library reading frames or compiling code for itself (logging, namedtuple)
+            else:
+                name = frame.f_code.co_filename
+                if type(name) is not str or name.startswith(grader):
+                    return
+                if name.startswith(own):
+                    where = relpath(name, own[0] if name.startswith(own[0]) else own[1])
+                else:
+                    where = "<cells>" if name.startswith("<notebook cell") else ""
+                number = frame.f_lineno if where and where != "<cells>" else 0
+            say(dumps({"ran": rule, "file": where[:300], "line": number, "key": key}) + "\n")
             said.add(rule)
-            line = json.dumps({"ran": rule, "file": where[:300], "line": frame.f_lineno if where else 0})
-            try:
-                now = os.fstat(fd)
-                same = (now.st_dev, now.st_ino) == (channel.st_dev, channel.st_ino)
-            except OSError:
-                same = False
-            if not same or os.write(fd, (line + "\n").encode()) <= 0:
-                os._exit(3)  # the channel was taken away while the job did it: nothing it reports counts
         except Exception:  # noqa: BLE001 - a watch only: the job runs on
             pass
         finally:
             busy[0] = False
 
+    say(dumps({"watch": key}) + "\n")
     sys.addaudithook(hook)
 
 

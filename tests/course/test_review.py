@@ -112,11 +112,12 @@ def test_what_ran_is_shown_with_the_archives_own_line():
     files = {"attn_tensors/statmech.py": "a = 1\nimport pickle; pickle.loads(p)\n"}
     flags = ran_flags([Ran("ctypes", "attn_tensors/statmech.py", 2), Ran("ctypes", "attn_tensors/statmech.py", 1),
                        Ran("gc", "attn_tensors/statmech.py", 99), Ran("hooks", "../../etc/passwd", 1),
-                       Ran("processes", "", 0)], files)
+                       Ran("processes", "<cells>", 0), Ran("dynamic code", "", 0)], files)
     assert [(f.where, f.rule, f.line) for f in flags] == [
         ("attn_tensors/statmech.py:2 (as it ran)", "ctypes", "import pickle; pickle.loads(p)"),
         ("attn_tensors/statmech.py:99 (as it ran)", "gc", ""),
-        ("the archive's code (as it ran)", "hooks", ""), ("answer cells (as they ran)", "processes", "")]
+        ("the archive's code (as it ran)", "hooks", ""), ("answer cells (as they ran)", "processes", ""),
+        ("code it made, wrote elsewhere or ran in a thread (as it ran)", "dynamic code", "")]
 
 
 WATCHED = """\
@@ -157,8 +158,10 @@ def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert lines[0] == "-", lines  # nothing before loud(): the imports, quiet()
-    got = [json.loads(line) for line in lines[1:]]
+    key = json.loads(lines[0])["watch"]
+    assert len(key) == 32 and lines[1] == "-", lines  # nothing before loud(): the imports, quiet()
+    got = [json.loads(line) for line in lines[2:]]
+    assert {g.pop("key") for g in got} == {key}
     where = "mod/code.py"
     assert got == [{"ran": "ctypes", "file": where, "line": 6}, {"ran": "dynamic code", "file": where, "line": 7},
                    {"ran": "processes", "file": where, "line": 8}, {"ran": "hooks", "file": where, "line": 9},
@@ -215,3 +218,43 @@ def test_an_archive_has_a_megabyte_tokenized_and_the_rest_read_as_it_is(monkeypa
     flags = review_package(files, {})[0]
     assert [(f.where, f.rule) for f in flags] == [("attn_tensors/a.py:1", "gc"), ("attn_tensors/b.py:1", "gc"),
                                                    ("attn_tensors/b.py:2", "dynamic code")]
+
+
+def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_path):
+    """Red team, round 7: ctypes called by a thread the job started (no frame of the job's on its
+    stack), os.write rebound around the call (the hook looked it up as it ran), and a compiled
+    module that named itself <frozen ...> (taken for a library's): each is seen."""
+    import importlib.util
+    import marshal
+    import subprocess
+    import sys
+
+    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
+    (pkg / "mod").mkdir(parents=True)
+    elsewhere.mkdir()
+    (pkg / "mod" / "__init__.py").write_text(
+        "import concurrent.futures, ctypes, gc, os, sys\n"
+        "def threaded():\n"
+        "    with concurrent.futures.ThreadPoolExecutor(1) as pool:\n"
+        "        pool.submit(ctypes.CDLL, None).result()\n"
+        "def rebound():\n"
+        "    write = os.write\n"
+        "    os.write = lambda fd, data: len(data)\n"
+        "    try:\n"
+        "        gc.get_referrers(os)\n"
+        "    finally:\n"
+        "        os.write = write\n")
+    code = compile("import sys\ndef peek():\n    return sys._getframe(0)\n", "<frozen numpy._hidden>", "exec")
+    (elsewhere / "hidden.pyc").write_bytes(importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code))
+    script = (f"import os, sys; sys.path[:0] = [{str(ROOT)!r}, {str(pkg)!r}, {str(elsewhere)!r}]\n"
+              "from attn_course import worker\n"
+              "r, w = os.pipe()\n"
+              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
+              "import mod, hidden\n"
+              "mod.threaded(); mod.rebound(); hidden.peek()\n"
+              "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [
+        ("ctypes", "", 0), ("gc", "mod/__init__.py", 9), ("hooks", "", 0)], got

@@ -446,20 +446,22 @@ def test_a_new_server_is_the_archives_cost_only_after_its_own_job_ended_the_last
 
 
 def test_what_a_job_was_seen_doing_is_collected_once_each_and_only_in_its_shape():
-    """``{"ran": RULE, "file": F, "line": N}`` lines (attn_course.worker._watch_runs): the first of
-    each rule of the review's; any other shape is ignored; the results are unchanged.  A job that
-    writes such lines itself cannot hide a rule (red team: 32 forged lines crowded out the real one)."""
-    good = {"ran": "ctypes", "file": "attn_tensors/statmech.py", "line": 12}
-    bad = [{"ran": "no such rule", "file": "", "line": 1}, {"ran": "gc", "file": "x" * 301, "line": 1},
-           {"ran": "gc", "file": "", "line": True}, {"ran": "gc", "file": "", "line": -1},
-           {"ran": "gc", "file": 3, "line": 1}, {"ran": "gc", "file": "", "line": 1, "more": 1}]
-    flood = [{"ran": "processes", "file": f"f{k}.py", "line": k} for k in range(100)]
-    late = {"ran": "hooks", "file": "attn_tensors/statmech.py", "line": 30}
-    steps = [("start", "3.1"), ("line", good), ("line", dict(good, line=13))] + [("line", b) for b in bad] + \
-        [("line", m) for m in flood] + [("line", late), ("result", "3.1"), "done"]
+    """``{"ran": RULE, "file": F, "line": N, "key": K}`` lines (attn_course.worker._watch_runs): the
+    first of each rule of the review's that carries the key of the job's first line
+    (``{"watch": K}``); any other shape, or another key, is ignored (red team: a forged first line
+    of a rule hid the real one); the results are unchanged."""
+    k, forged = "a" * 32, "b" * 32
+    good = {"ran": "ctypes", "file": "attn_tensors/statmech.py", "line": 12, "key": k}
+    bad = [{"ran": "no such rule", "file": "", "line": 1, "key": k}, {"ran": "gc", "file": "x" * 301, "line": 1, "key": k},
+           {"ran": "gc", "file": "", "line": True, "key": k}, {"ran": "gc", "file": "", "line": -1, "key": k},
+           {"ran": "gc", "file": 3, "line": 1, "key": k}, {"ran": "gc", "file": "", "line": 1, "key": k, "more": 1},
+           {"ran": "gc", "file": "", "line": 1}, {"ran": "ctypes", "file": "x.py", "line": 1, "key": forged},
+           {"watch": forged}]
+    late = {"ran": "hooks", "file": "attn_tensors/statmech.py", "line": 30, "key": k}
+    steps = [("line", {"watch": k}), ("start", "3.1")] + [("line", b) for b in bad] + \
+        [("line", good), ("line", dict(good, line=13)), ("line", late), ("result", "3.1"), "done"]
     ran: list = []
     raw = run_worker(Scripted([steps]), {}, _items("3.1"), Limits(per_exercise_s=20), ran=ran)
     assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
-    assert ran == [Ran("ctypes", "attn_tensors/statmech.py", 12), Ran("processes", "f0.py", 0),
-                   Ran("hooks", "attn_tensors/statmech.py", 30)]
+    assert ran == [Ran("ctypes", "attn_tensors/statmech.py", 12), Ran("hooks", "attn_tensors/statmech.py", 30)]
     assert run_worker(Scripted([steps]), {}, _items("3.1"), Limits(per_exercise_s=20)).keys() == {"3.1"}
