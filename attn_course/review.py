@@ -69,10 +69,12 @@ RULES: tuple[Rule, ...] = (
           "NumPy arrays over any address of the process: its memory read or written, as with ctypes"),
     _rule("gc", r"\bimport\s+gc\b|\bfrom\s+gc\s+import\b|\bgc\s*\.\s*get_(?:referrers|referents|objects)\b",
           "reaches every live object, the checks' own among them"),
-    _rule("hooks", r"\bset(?:profile|trace)\b|\bsys\s*\.\s*monitoring\b|\b_getframe\b|\bf_(?:back|globals|locals)\b"
+    _rule("hooks", r"\bset(?:profile|trace)\b|\bsys\s*\.\s*monitoring\b|\b_getframe\b|\b_current_frames\b"
+                   r"|\bwalk_stack\b|\bf_(?:back|globals|locals)\b"
                    r"|\binspect\s*\.\s*(?:currentframe|stack)\b",
           "runs inside, or reads the frames of, the code that checks it"),
-    _rule("sys.modules", r"\bsys\s*\.\s*modules\b", "replaces modules the checks import"),
+    _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\bfrom\s+sys\s+import\b.*\bmodules\b",
+          "replaces modules the checks import"),
     _rule("code objects", r"__(?:code|closure|globals|defaults|kwdefaults)__|\bco_consts\b|\b(?:Code|Function)Type\b"
                           r"|\bcell_contents\b",
           "rewrites functions (its own, or the checks')"),
@@ -80,7 +82,8 @@ RULES: tuple[Rule, ...] = (
     _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b",
           "code or modules the grader cannot read in the archive"),
     _rule("jax internals", r"\bjax\s*\.\s*_src\b|\bjaxlib\b", "JAX's private modules: the rules gradients are made of"),
-    _rule("processes", r"\b(?:subprocess|multiprocessing|socket|signal|mmap|pty|threading)\b"
+    _rule("processes", r"\b(?:subprocess|multiprocessing|socket|signal|mmap|pty|threading|_thread)\b"
+                       r"|\bconcurrent\s*\.\s*futures\b|\bfrom\s+concurrent\s+import\b"
                        r"|\bos\s*\.\s*(?:system|fork|kill|popen|exec\w*|spawn\w*|_exit)\b",
           "processes, signals, sockets or threads: nothing an exercise needs"),
     _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
@@ -146,6 +149,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|modules|__(?:code|closure|globals|defaults|kwdefaults|builtins|import)__|co_consts|CodeType"
                    "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|subprocess"
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
+                   "|_current_frames|walk_stack|concurrent|_thread"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals")
 

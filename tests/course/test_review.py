@@ -37,6 +37,9 @@ SAMPLES = [
     ("globals()['__bu' + 'iltins__']['__imp' + 'ort__']('ct' + 'ypes')", "attributes by name"),
     ("getattr(f, '__co' + 'de__')", "attributes by name"), ("object.__getattribute__(f, n)", "attributes by name"),
     ("import \uff43\uff54\uff59\uff50\uff45\uff53 as _w", "ctypes"), ("\uff53ys.modules['a'] = m", "sys.modules"),
+    ("from sys import modules as _M", "sys.modules"), ("sys._current_frames()", "hooks"),
+    ("traceback.walk_stack(None)", "hooks"), ("concurrent.futures.ThreadPoolExecutor(1)", "processes"),
+    ("from concurrent import futures", "processes"), ("_thread.start_new_thread(f, ())", "processes"),
     ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
     ("A.__array_interface__ = {'data': (address, False), 'shape': (9,), 'typestr': '<f8'}", "raw memory"),
 ]
