@@ -627,13 +627,6 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
 _CODE_ATTRIBUTES = ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__")
 
 
-def _ran_event(event: str, args: tuple) -> tuple[str, bool] | None:
-    """The rule of an audit event, and whether libraries' frames are passed (:data:`RAN_EVENTS`)."""
-    if event == "object.__setattr__" and not (len(args) > 1 and args[1] in _CODE_ATTRIBUTES):
-        return None
-    return RAN_EVENTS.get(event) or (RAN_EVENTS["ctypes."] if event.startswith("ctypes.") else None)
-
-
 def _libraries() -> tuple[str, ...]:
     """Where the code of no job lies: the standard library and the installed packages."""
     import sysconfig
@@ -677,17 +670,20 @@ def _watch_runs(package: Path, fd: int) -> None:
     refused: set[int] = set()
 
     def library_module(m) -> bool:
-        spec = getattr(m, "__spec__", None)
-        origin = getattr(spec, "origin", None)
+        origin = _getattr(_getattr(m, "__spec__", None), "origin", None)
         if origin in ("frozen", "built-in"):
             return True
-        return isinstance(origin, str) and origin.startswith(libraries) and origin.endswith((".py", ".so")) \
-            and os.path.isfile(origin)
+        return _type(origin) is _str and origin.startswith(libraries) and origin.endswith((".py", ".so")) \
+            and isfile(origin)
 
-    for m in list(sys.modules.values()):
-        if library_module(m):
-            known.add(id(getattr(m, "__dict__", None)))
+    # what the hook calls, held here: the job may rebind a module's functions, this module's
+    # tables (through sys.modules) or builtins (red team: os.write rebound around the call)
     write, fstat, dumps, relpath, exit_, getframe = os.write, os.fstat, json.dumps, os.path.relpath, os._exit, sys._getframe
+    isfile, modules, _id, _type, _str, _getattr, _list, _len = os.path.isfile, sys.modules, id, type, str, getattr, list, len
+    events, code_attributes, ctypes_event = dict(RAN_EVENTS), frozenset(_CODE_ATTRIBUTES), RAN_EVENTS["ctypes."]
+    for m in _list(modules.values()):
+        if library_module(m):
+            known.add(_id(_getattr(m, "__dict__", None)))
     main = threading.main_thread()
     current = threading.current_thread
     key = os.urandom(16).hex()
@@ -697,15 +693,15 @@ def _watch_runs(package: Path, fd: int) -> None:
 
     def is_library(frame) -> bool:
         name = frame.f_code.co_filename
-        if not (type(name) is str and (name.startswith(libraries) or name.startswith(frozen))):
+        if not (_type(name) is _str and (name.startswith(libraries) or name.startswith(frozen))):
             return False
-        g = id(frame.f_globals)
+        g = _id(frame.f_globals)
         if g in known:
             return True
         if g in refused:
             return False
-        for m in list(sys.modules.values()):  # (a library module loaded since: as the import system made it)
-            if getattr(m, "__dict__", None) is frame.f_globals and library_module(m):
+        for m in _list(modules.values()):  # (a library module loaded since: as the import system made it)
+            if _getattr(m, "__dict__", None) is frame.f_globals and library_module(m):
                 known.add(g)
                 return True
         refused.add(g)
@@ -722,7 +718,9 @@ def _watch_runs(package: Path, fd: int) -> None:
     def hook(event: str, args: tuple) -> None:
         if busy[0]:
             return
-        found = _ran_event(event, args)
+        if event == "object.__setattr__" and not (_len(args) > 1 and args[1] in code_attributes):
+            return
+        found = events.get(event) or (ctypes_event if event.startswith("ctypes.") else None)
         if found is None or found[0] in said:
             return
         busy[0] = True
@@ -740,7 +738,7 @@ def _watch_runs(package: Path, fd: int) -> None:
                 return  # a library reading frames or compiling code for itself (logging, namedtuple)
             else:
                 name = frame.f_code.co_filename
-                if type(name) is not str or name.startswith(grader):
+                if _type(name) is not _str or name.startswith(grader):
                     return
                 if name.startswith(own):
                     where = relpath(name, own[0] if name.startswith(own[0]) else own[1])
