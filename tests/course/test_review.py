@@ -123,6 +123,22 @@ def test_what_ran_is_shown_with_the_archives_own_line():
         ("code it made, wrote elsewhere or ran in a thread (as it ran)", "dynamic code", "")]
 
 
+def _watched(pkg, run: str, *paths):
+    """``run`` in a Python of its own (an audit hook is for good), under attn_course.worker._watch_runs
+    for the job package ``pkg`` (on sys.path, with ``paths``), writing to a pipe whose lines are
+    printed once ``run`` is done."""
+    import subprocess
+    import sys
+
+    script = (f"import os, sys; sys.path[:0] = {[str(ROOT), str(pkg), *map(str, paths)]!r}\n"
+              "from attn_course import worker\n"
+              "r, w = os.pipe()\n"
+              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
+              f"{run}\n"
+              "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
 WATCHED = """\
 import collections, logging, pickle, subprocess, sys, warnings
 def quiet():  # what the standard library does for itself is not the module's doing
@@ -142,8 +158,6 @@ def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
     once, with the job's file and line, at once; the standard library's own frame reads and the
     package's import are not the job's doing; code of the job's outside its package (written
     elsewhere, made from a string) is the job's too, named by no file."""
-    import subprocess
-    import sys
 
     pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
     (pkg / "mod").mkdir(parents=True)
@@ -151,14 +165,9 @@ def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
     (pkg / "mod" / "__init__.py").write_text("from . import code\n")
     (pkg / "mod" / "code.py").write_text(WATCHED)
     (elsewhere / "other.py").write_text("import gc\ndef walk(x):\n    return gc.get_referrers(x)\n")
-    script = (f"import os, sys; sys.path[:0] = [{str(ROOT)!r}, {str(pkg)!r}, {str(elsewhere)!r}]\n"
-              "from attn_course import worker\n"
-              "r, w = os.pipe()\n"
-              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
-              "import mod, other\n"
-              "mod.code.quiet(); os.write(w, b'-\\n'); mod.code.loud(); mod.code.loud(); other.walk(r)\n"
-              "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = _watched(pkg, "import mod, other\n"
+                        "mod.code.quiet(); os.write(w, b'-\\n'); mod.code.loud(); mod.code.loud(); other.walk(r)",
+                   elsewhere)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     key = json.loads(lines[0])["watch"]
@@ -176,8 +185,6 @@ def test_a_job_that_takes_its_channel_away_while_it_does_so_ends(tmp_path):
     """Red team: the job put /dev/null in place of its results channel while it used ctypes, then
     put the channel back: the watch's line was lost.  The job now ends there (a crash: its exercise
     is lost); a job that leaves its channel alone runs on."""
-    import subprocess
-    import sys
 
     pkg = tmp_path / "pkg"
     (pkg / "mod").mkdir(parents=True)
@@ -187,14 +194,7 @@ def test_a_job_that_takes_its_channel_away_while_it_does_so_ends(tmp_path):
         "    keep = os.dup(fd); null = os.open(os.devnull, os.O_WRONLY); os.dup2(null, fd)\n"
         "    ctypes.CDLL(None).getpid()\n"
         "    os.dup2(keep, fd)\n")
-    script = (f"import os, sys; sys.path[:0] = [{str(ROOT)!r}, {str(pkg)!r}]\n"
-              "from attn_course import worker\n"
-              "r, w = os.pipe()\n"
-              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
-              "import mod\n"
-              "mod.hide(w)\n"
-              "print('ran on')\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = _watched(pkg, "import mod\nmod.hide(w)\nprint('ran on')")
     assert out.returncode == 3 and "ran on" not in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
 
 
@@ -229,8 +229,6 @@ def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_pat
     module that named itself <frozen ...> (taken for a library's): each is seen."""
     import importlib.util
     import marshal
-    import subprocess
-    import sys
 
     pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
     (pkg / "mod").mkdir(parents=True)
@@ -249,14 +247,7 @@ def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_pat
         "        os.write = write\n")
     code = compile("import sys\ndef peek():\n    return sys._getframe(0)\n", "<frozen numpy._hidden>", "exec")
     (elsewhere / "hidden.pyc").write_bytes(importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code))
-    script = (f"import os, sys; sys.path[:0] = [{str(ROOT)!r}, {str(pkg)!r}, {str(elsewhere)!r}]\n"
-              "from attn_course import worker\n"
-              "r, w = os.pipe()\n"
-              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
-              "import mod, hidden\n"
-              "mod.threaded(); mod.rebound(); hidden.peek()\n"
-              "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = _watched(pkg, "import mod, hidden\nmod.threaded(); mod.rebound(); hidden.peek()", elsewhere)
     assert out.returncode == 0, out.stderr[-2000:]
     got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
     assert [(g["ran"], g["file"], g["line"]) for g in got] == [
