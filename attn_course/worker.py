@@ -627,15 +627,64 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
 _CODE_ATTRIBUTES = ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__")
 
 
+_LIBRARIES: list[tuple[str, ...]] = []  # (_libraries, once per process)
+
+
 def _libraries() -> tuple[str, ...]:
     """Where the code of no job lies: the standard library and the installed packages."""
+    if _LIBRARIES:
+        return _LIBRARIES[0]
     import sysconfig
 
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     dirs += [os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(np.__file__))]  # (where they are)
     found = {os.path.realpath(d) + os.sep for d in dirs} | {os.path.abspath(d) + os.sep for d in dirs}
-    return tuple(sorted(found))
+    _LIBRARIES.append(tuple(sorted(found)))
+    return _LIBRARIES[0]
+
+
+def _library_module(m, libraries: tuple[str, ...], _getattr=getattr, _type=type, _str=str,
+                    isfile=os.path.isfile) -> bool:
+    """Whether the import system loaded module ``m`` from the standard library or an installed
+    package (frozen or built in, or a ``.py`` or ``.so`` file under ``libraries``)."""
+    origin = _getattr(_getattr(m, "__spec__", None), "origin", None)
+    if origin in ("frozen", "built-in"):
+        return True
+    return _type(origin) is _str and origin.startswith(libraries) and origin.endswith((".py", ".so")) \
+        and isfile(origin)
+
+
+_LIBRARY_SEEN: dict[str, object] = {}  # a module's name -> the module looked at (library_namespaces)
+_LIBRARY: list[tuple[frozenset, tuple]] = [(frozenset(), ())]  # (library_namespaces)
+
+
+def library_namespaces(refresh: bool = True) -> tuple[frozenset, tuple]:
+    """The namespaces of the library modules loaded so far (:func:`_library_module`), and their ids.
+
+    Each module is looked at once: the template refreshes them before each
+    fork, so that a job's watch (:func:`_watch_runs`, ``refresh=False``)
+    starts from them as they are, touching no module (looking at every
+    module took about 12 ms a job, a file's status each, and writing to
+    their pages after the fork 3 ms more).  Both are immutable, made anew
+    by each refresh, and the watch holds them: a job can neither change
+    the set nor free a namespace in it to make one of its own at its address.
+    """
+    if not refresh and _LIBRARY_SEEN:
+        return _LIBRARY[0]
+    libraries = _libraries()
+    found = []
+    for name, m in list(sys.modules.items()):
+        if _LIBRARY_SEEN.get(name) is m:
+            continue
+        _LIBRARY_SEEN[name] = m
+        namespace = getattr(m, "__dict__", None)
+        if type(namespace) is dict and _library_module(m, libraries):
+            found.append(namespace)
+    if found:
+        ids, held = _LIBRARY[0]
+        _LIBRARY[0] = (ids | {id(namespace) for namespace in found}, held + tuple(found))
+    return _LIBRARY[0]
 
 
 def _watch_runs(package: Path, fd: int) -> None:
@@ -664,26 +713,20 @@ def _watch_runs(package: Path, fd: int) -> None:
     own = (str(package) + os.sep, str(Path(package).resolve()) + os.sep)
     grader = os.path.dirname(os.path.abspath(__file__)) + os.sep
     libraries = _libraries()
+    trusted = libraries + (grader,)  # where the compiled files a job may import from lie
     frozen = "<frozen "
-    # the module dicts of the libraries loaded by now (a library module loaded later is looked up)
-    known: set[int] = set()
+    # the namespaces of the libraries loaded by now, the hook's own copy (a library module loaded
+    # later is looked up, and added)
+    # (ids, namespaces): the hook holds both, so the namespaces stay those whose ids it knows
+    library = library_namespaces(refresh=False)
+    late: dict[int, dict] = {}  # (those loaded since, held)
     refused: set[int] = set()
-
-    def library_module(m) -> bool:
-        origin = _getattr(_getattr(m, "__spec__", None), "origin", None)
-        if origin in ("frozen", "built-in"):
-            return True
-        return _type(origin) is _str and origin.startswith(libraries) and origin.endswith((".py", ".so")) \
-            and isfile(origin)
-
     # what the hook calls, held here: the job may rebind a module's functions, this module's
     # tables (through sys.modules) or builtins (red team: os.write rebound around the call)
     write, fstat, dumps, relpath, exit_, getframe = os.write, os.fstat, json.dumps, os.path.relpath, os._exit, sys._getframe
     isfile, modules, _id, _type, _str, _getattr, _list, _len = os.path.isfile, sys.modules, id, type, str, getattr, list, len
+    library_module = _library_module
     events, code_attributes, ctypes_event = dict(RAN_EVENTS), frozenset(_CODE_ATTRIBUTES), RAN_EVENTS["ctypes."]
-    for m in _list(modules.values()):
-        if library_module(m):
-            known.add(_id(_getattr(m, "__dict__", None)))
     main = threading.main_thread()
     current = threading.current_thread
     key = os.urandom(16).hex()
@@ -696,13 +739,14 @@ def _watch_runs(package: Path, fd: int) -> None:
         if not (_type(name) is _str and (name.startswith(libraries) or name.startswith(frozen))):
             return False
         g = _id(frame.f_globals)
-        if g in known:
+        if g in library[0] or g in late:
             return True
         if g in refused:
             return False
         for m in _list(modules.values()):  # (a library module loaded since: as the import system made it)
-            if _getattr(m, "__dict__", None) is frame.f_globals and library_module(m):
-                known.add(g)
+            if _getattr(m, "__dict__", None) is frame.f_globals \
+                    and library_module(m, libraries, _getattr, _type, _str, isfile):
+                late[g] = frame.f_globals
                 return True
         refused.add(g)
         return False
@@ -728,6 +772,10 @@ def _watch_runs(package: Path, fd: int) -> None:
             rule, past_libraries = found
             frame = getframe(1)
             first = frame
+            if event == "marshal.loads" and frame.f_code.co_name == "_compile_bytecode" and is_library(frame):
+                path = frame.f_locals.get("bytecode_path")  # (importlib's, as it loads a compiled file)
+                if not (_type(path) is _str and path.startswith(trusted)):
+                    past_libraries = True  # compiled code from elsewhere (no archive has any): its importer's
             while frame is not None and is_library(frame):
                 frame = frame.f_back
             if frame is None:  # library frames only: a thread the job started (the main one ends in the grader's)
@@ -1422,6 +1470,7 @@ def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool 
             sock.send(json.dumps({"backend": warm.backend_started()}).encode())
             continue
         (results,) = fds
+        library_namespaces()  # (what the job's watch starts from: looked for here, once per module)
         pid = os.fork()
         if pid == 0:
             sock.close()

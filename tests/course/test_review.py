@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import unicodedata
 
 import pytest
@@ -250,5 +251,34 @@ def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_pat
     out = _watched(pkg, "import mod, hidden\nmod.threaded(); mod.rebound(); hidden.peek()", elsewhere)
     assert out.returncode == 0, out.stderr[-2000:]
     got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [
-        ("ctypes", "", 0), ("gc", "mod/__init__.py", 9), ("hooks", "", 0)], got
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [  # (hidden.pyc's import, from the script)
+        ("code objects", "", 0), ("ctypes", "", 0), ("gc", "mod/__init__.py", 9), ("hooks", "", 0)], got
+
+
+def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path):
+    """A compiled module (no archive has one) whose code names a library's file, and which then
+    gives itself a library's origin: taken for a library's, its frame reads were not the job's.
+    Its import is now seen, on the job's line; a library's own compiled files are not."""
+    import importlib.util
+    import marshal
+
+    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
+    (pkg / "mod").mkdir(parents=True)
+    elsewhere.mkdir()
+    (pkg / "mod" / "__init__.py").write_text(
+        "import json, sys\n"
+        "def smuggle():\n"
+        "    import hidden\n"
+        "    hidden.__spec__.origin = json.__file__\n"
+        "    return hidden.peek()\n"
+        "def honest():\n"
+        "    import email.mime.text\n")
+    fake = os.path.join(os.path.dirname(json.__file__), "fake.py")
+    code = compile("import sys\ndef peek():\n    return sys._getframe(0)\n", fake, "exec")
+    (elsewhere / "hidden.pyc").write_bytes(importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code))
+    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.smuggle()", elsewhere)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[1] == "-", lines  # a library's compiled files (email's, from its cache) are its own
+    got = [json.loads(line) for line in lines[2:]]
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("code objects", "mod/__init__.py", 3)], got
