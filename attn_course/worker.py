@@ -714,6 +714,8 @@ def _watch_runs(package: Path, fd: int) -> None:
     grader = os.path.dirname(os.path.abspath(__file__)) + os.sep
     libraries = _libraries()
     trusted = libraries + (grader,)  # where the compiled files a job may import from lie
+    # the functions of the import system that read a compiled file, and their local naming it
+    compiled_path = {"_compile_bytecode": "bytecode_path", "_unmarshal_code": "pathname"}
     frozen = "<frozen "
     # the namespaces of the libraries loaded by now, the hook's own copy (a library module loaded
     # later is looked up, and added)
@@ -772,10 +774,11 @@ def _watch_runs(package: Path, fd: int) -> None:
             rule, past_libraries = found
             frame = getframe(1)
             first = frame
-            if event == "marshal.loads" and frame.f_code.co_name == "_compile_bytecode" and is_library(frame):
-                path = frame.f_locals.get("bytecode_path")  # (importlib's, as it loads a compiled file)
-                if not (_type(path) is _str and path.startswith(trusted)):
-                    past_libraries = True  # compiled code from elsewhere (no archive has any): its importer's
+            if event == "marshal.loads":  # the job's doing, past libraries, but for an import of a
+                # compiled file of the libraries' or the grader's (importlib's, or zipimport's, local)
+                local = compiled_path.get(frame.f_code.co_name) if is_library(frame) else None
+                path = frame.f_locals.get(local) if local else None
+                past_libraries = not (_type(path) is _str and path.startswith(trusted))
             while frame is not None and is_library(frame):
                 frame = frame.f_back
             if frame is None:  # library frames only: a thread the job started (the main one ends in the grader's)

@@ -255,12 +255,15 @@ def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_pat
         ("code objects", "", 0), ("ctypes", "", 0), ("gc", "mod/__init__.py", 9), ("hooks", "", 0)], got
 
 
-def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path):
-    """A compiled module (no archive has one) whose code names a library's file, and which then
-    gives itself a library's origin: taken for a library's, its frame reads were not the job's.
-    Its import is now seen, on the job's line; a library's own compiled files are not."""
+@pytest.mark.parametrize("where", ["folder", "zip"])
+def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path, where):
+    """A compiled module (no archive has one), in a folder or a zip on the path, whose code names
+    a library's file, and which then gives itself a library's origin: taken for a library's, its
+    frame reads were not the job's.  Its import is now seen, on the job's line; a library's own
+    compiled files are not."""
     import importlib.util
     import marshal
+    import zipfile
 
     pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
     (pkg / "mod").mkdir(parents=True)
@@ -275,8 +278,15 @@ def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path
         "    import email.mime.text\n")
     fake = os.path.join(os.path.dirname(json.__file__), "fake.py")
     code = compile("import sys\ndef peek():\n    return sys._getframe(0)\n", fake, "exec")
-    (elsewhere / "hidden.pyc").write_bytes(importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code))
-    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.smuggle()", elsewhere)
+    pyc = importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code)
+    if where == "zip":
+        with zipfile.ZipFile(elsewhere / "hidden.zip", "w") as z:
+            z.writestr("hidden.pyc", pyc)
+        path = elsewhere / "hidden.zip"
+    else:
+        (elsewhere / "hidden.pyc").write_bytes(pyc)
+        path = elsewhere
+    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.smuggle()", path)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[1] == "-", lines  # a library's compiled files (email's, from its cache) are its own
