@@ -625,6 +625,19 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
     "socket.__new__": ("processes", True),
 }
 _CODE_ATTRIBUTES = ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__")
+# for the events a library may cause for itself (those of RAN_EVENTS not traced past libraries):
+# the names its own call is written with.  A library's frame whose code names none of them did
+# not call the function itself: it called what it was given, a callable of the job's (red team:
+# contextlib.ExitStack.callback(sys._getframe, 1), or exec, called from a library's frame)
+OWN_CALLS: dict[str, frozenset[str]] = {
+    "sys._getframe": frozenset({"_getframe"}), "sys._current_frames": frozenset({"_current_frames"}),
+    "sys.setprofile": frozenset({"setprofile"}), "sys.settrace": frozenset({"settrace"}),
+    "sys.addaudithook": frozenset({"addaudithook"}),
+    "exec": frozenset({"exec", "eval"}), "compile": frozenset({"compile", "exec", "eval"}),
+    "code.__new__": frozenset({"CodeType", "replace"}),
+    "function.__new__": frozenset({"FunctionType", "LambdaType"}),
+    "object.__setattr__": frozenset({"setattr", *_CODE_ATTRIBUTES}),
+}
 
 
 _LIBRARIES: list[tuple[str, ...]] = []  # (_libraries, once per process)
@@ -729,6 +742,7 @@ def _watch_runs(package: Path, fd: int) -> None:
     isfile, modules, _id, _type, _str, _getattr, _list, _len = os.path.isfile, sys.modules, id, type, str, getattr, list, len
     library_module = _library_module
     events, code_attributes, ctypes_event = dict(RAN_EVENTS), frozenset(_CODE_ATTRIBUTES), RAN_EVENTS["ctypes."]
+    own_calls = dict(OWN_CALLS)
     main = threading.main_thread()
     current = threading.current_thread
     key = os.urandom(16).hex()
@@ -779,13 +793,17 @@ def _watch_runs(package: Path, fd: int) -> None:
                 local = compiled_path.get(frame.f_code.co_name) if is_library(frame) else None
                 path = frame.f_locals.get(local) if local else None
                 past_libraries = not (_type(path) is _str and path.startswith(trusted))
+            names = None if past_libraries else own_calls.get(event)
+            named = names is None
             while frame is not None and is_library(frame):
+                if not named and not names.isdisjoint(frame.f_code.co_names):
+                    named = True
                 frame = frame.f_back
             if frame is None:  # library frames only: a thread the job started (the main one ends in the grader's)
                 if current() is main:
                     return
                 where, number = "", 0
-            elif frame is not first and not past_libraries:
+            elif frame is not first and not past_libraries and named:
                 return  # a library reading frames or compiling code for itself (logging, namedtuple)
             else:
                 name = frame.f_code.co_filename

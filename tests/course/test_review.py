@@ -292,3 +292,28 @@ def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path
     assert lines[1] == "-", lines  # a library's compiled files (email's, from its cache) are its own
     got = [json.loads(line) for line in lines[2:]]
     assert [(g["ran"], g["file"], g["line"]) for g in got] == [("code objects", "mod/__init__.py", 3)], got
+
+
+def test_a_library_that_calls_what_the_job_gave_it_does_the_jobs_doing(tmp_path):
+    """Red team: sys._getframe and exec handed to contextlib.ExitStack.callback were called from
+    a library's frame, and taken for the library reading frames or compiling for itself (as
+    logging and namedtuple do, which stay unseen).  A library's frame that does not name the
+    function called what it was given: the job's doing, on the job's line."""
+    from attn_course.worker import OWN_CALLS, RAN_EVENTS
+
+    assert {e for e, (_, past) in RAN_EVENTS.items() if not past} == set(OWN_CALLS) | {"marshal.loads"}
+    pkg = tmp_path / "pkg"
+    (pkg / "mod").mkdir(parents=True)
+    (pkg / "mod" / "__init__.py").write_text(
+        "import collections, contextlib, logging, sys\n"
+        "def routed():\n"
+        "    logging.getLogger('x').warning('hi'); collections.namedtuple('P', 'a b')\n"
+        "    with contextlib.ExitStack() as stack:\n"
+        "        stack.callback(sys._getframe, 0)\n"
+        "        stack.callback(exec, 'x = 1')\n")
+    out = _watched(pkg, "import mod\nmod.routed()")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    assert [(g["ran"], g["file"]) for g in got] == [("dynamic code", "mod/__init__.py"),
+                                                    ("hooks", "mod/__init__.py")], got
+    assert [g["line"] for g in got] == [4, 4], got  # (the with statement, whose end ran them)
