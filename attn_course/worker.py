@@ -658,14 +658,16 @@ def _libraries() -> tuple[str, ...]:
 
 
 def _library_module(m, libraries: tuple[str, ...], _getattr=getattr, _type=type, _str=str,
-                    isfile=os.path.isfile) -> bool:
+                    isfile=os.path.isfile, normpath=os.path.normpath) -> bool:
     """Whether the import system loaded module ``m`` from the standard library or an installed
     package (frozen or built in, or a ``.py`` or ``.so`` file under ``libraries``)."""
     origin = _getattr(_getattr(m, "__spec__", None), "origin", None)
     if origin in ("frozen", "built-in"):
         return True
-    return _type(origin) is _str and origin.startswith(libraries) and origin.endswith((".py", ".so")) \
-        and isfile(origin)
+    if _type(origin) is not _str:
+        return False
+    origin = normpath(origin)  # ("<a library's folder>/../../tmp/x.py" is /tmp's: red team, round 8)
+    return origin.startswith(libraries) and origin.endswith((".py", ".so")) and isfile(origin)
 
 
 _LIBRARY_SEEN: dict[str, object] = {}  # a module's name -> the module looked at (library_namespaces)
@@ -740,6 +742,7 @@ def _watch_runs(package: Path, fd: int) -> None:
     # tables (through sys.modules) or builtins (red team: os.write rebound around the call)
     write, fstat, dumps, relpath, exit_, getframe = os.write, os.fstat, json.dumps, os.path.relpath, os._exit, sys._getframe
     isfile, modules, _id, _type, _str, _getattr, _list, _len = os.path.isfile, sys.modules, id, type, str, getattr, list, len
+    normpath = os.path.normpath
     library_module = _library_module
     events, code_attributes, ctypes_event = dict(RAN_EVENTS), frozenset(_CODE_ATTRIBUTES), RAN_EVENTS["ctypes."]
     own_calls = dict(OWN_CALLS)
@@ -752,7 +755,7 @@ def _watch_runs(package: Path, fd: int) -> None:
 
     def is_library(frame) -> bool:
         name = frame.f_code.co_filename
-        if not (_type(name) is _str and (name.startswith(libraries) or name.startswith(frozen))):
+        if not (_type(name) is _str and (normpath(name).startswith(libraries) or name.startswith(frozen))):
             return False
         g = _id(frame.f_globals)
         if g in library[0] or g in late:
@@ -761,7 +764,7 @@ def _watch_runs(package: Path, fd: int) -> None:
             return False
         for m in _list(modules.values()):  # (a library module loaded since: as the import system made it)
             if _getattr(m, "__dict__", None) is frame.f_globals \
-                    and library_module(m, libraries, _getattr, _type, _str, isfile):
+                    and library_module(m, libraries, _getattr, _type, _str, isfile, normpath):
                 late[g] = frame.f_globals
                 return True
         refused.add(g)
@@ -792,7 +795,7 @@ def _watch_runs(package: Path, fd: int) -> None:
                 # compiled file of the libraries' or the grader's (importlib's, or zipimport's, local)
                 local = compiled_path.get(frame.f_code.co_name) if is_library(frame) else None
                 path = frame.f_locals.get(local) if local else None
-                past_libraries = not (_type(path) is _str and path.startswith(trusted))
+                past_libraries = not (_type(path) is _str and normpath(path).startswith(trusted))
             names = None if past_libraries else own_calls.get(event)
             named = names is None
             while frame is not None and is_library(frame):

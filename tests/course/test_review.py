@@ -317,3 +317,19 @@ def test_a_library_that_calls_what_the_job_gave_it_does_the_jobs_doing(tmp_path)
     assert [(g["ran"], g["file"]) for g in got] == [("dynamic code", "mod/__init__.py"),
                                                     ("hooks", "mod/__init__.py")], got
     assert [g["line"] for g in got] == [4, 4], got  # (the with statement, whose end ran them)
+
+
+def test_a_module_on_a_path_through_a_librarys_folder_is_the_jobs(tmp_path):
+    """Red team, round 8: a module the job wrote, imported from a path entry spelled
+    "<a library's folder>/../../<its folder>", was taken for a library's (its origin and its
+    code's file began with the library's folder): its ctypes call was not seen."""
+    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
+    (pkg / "mod").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "sneaky.py").write_text("import ctypes\ndef call():\n    return ctypes.CDLL(None).getpid()\n")
+    (pkg / "mod" / "__init__.py").write_text("def run():\n    import sneaky\n    return sneaky.call()\n")
+    through = os.path.dirname(os.__file__) + "/.." * 12 + str(elsewhere)
+    out = _watched(pkg, f"sys.path.insert(0, {through!r})\nimport mod\nmod.run()")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    assert [(g["ran"], g["file"]) for g in got] == [("ctypes", "")], got
