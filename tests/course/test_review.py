@@ -140,6 +140,27 @@ def _watched(pkg, run: str, *paths):
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
 
 
+def _job_package(tmp_path, source: str):
+    """A job's package ``pkg`` whose module ``mod`` is ``source``, and an empty folder ``elsewhere``
+    (for code of the job's outside its package), both under ``tmp_path``."""
+    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
+    (pkg / "mod").mkdir(parents=True)
+    elsewhere.mkdir()
+    (pkg / "mod" / "__init__.py").write_text(source)
+    return pkg, elsewhere
+
+
+PEEK = "import sys\ndef peek():\n    return sys._getframe(0)\n"  # (a module that reads a frame)
+
+
+def _pyc(source: str, filename: str) -> bytes:
+    """A compiled module's file (no timestamp check) of ``source``, its code naming ``filename``."""
+    import importlib.util
+    import marshal
+
+    return importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(compile(source, filename, "exec"))
+
+
 WATCHED = """\
 import collections, logging, pickle, subprocess, sys, warnings
 def quiet():  # what the standard library does for itself is not the module's doing
@@ -160,10 +181,7 @@ def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
     package's import are not the job's doing; code of the job's outside its package (written
     elsewhere, made from a string) is the job's too, named by no file."""
 
-    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
-    (pkg / "mod").mkdir(parents=True)
-    elsewhere.mkdir()
-    (pkg / "mod" / "__init__.py").write_text("from . import code\n")
+    pkg, elsewhere = _job_package(tmp_path, "from . import code\n")
     (pkg / "mod" / "code.py").write_text(WATCHED)
     (elsewhere / "other.py").write_text("import gc\ndef walk(x):\n    return gc.get_referrers(x)\n")
     out = _watched(pkg, "import mod, other\n"
@@ -187,9 +205,7 @@ def test_a_job_that_takes_its_channel_away_while_it_does_so_ends(tmp_path):
     put the channel back: the watch's line was lost.  The job now ends there (a crash: its exercise
     is lost); a job that leaves its channel alone runs on."""
 
-    pkg = tmp_path / "pkg"
-    (pkg / "mod").mkdir(parents=True)
-    (pkg / "mod" / "__init__.py").write_text(
+    pkg, _ = _job_package(tmp_path, 
         "import ctypes, os\n"
         "def hide(fd):\n"
         "    keep = os.dup(fd); null = os.open(os.devnull, os.O_WRONLY); os.dup2(null, fd)\n"
@@ -228,13 +244,7 @@ def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_pat
     """Red team, round 7: ctypes called by a thread the job started (no frame of the job's on its
     stack), os.write rebound around the call (the hook looked it up as it ran), and a compiled
     module that named itself <frozen ...> (taken for a library's): each is seen."""
-    import importlib.util
-    import marshal
-
-    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
-    (pkg / "mod").mkdir(parents=True)
-    elsewhere.mkdir()
-    (pkg / "mod" / "__init__.py").write_text(
+    pkg, elsewhere = _job_package(tmp_path, 
         "import concurrent.futures, ctypes, gc, os, sys\n"
         "def threaded():\n"
         "    with concurrent.futures.ThreadPoolExecutor(1) as pool:\n"
@@ -246,8 +256,7 @@ def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_pat
         "        gc.get_referrers(os)\n"
         "    finally:\n"
         "        os.write = write\n")
-    code = compile("import sys\ndef peek():\n    return sys._getframe(0)\n", "<frozen numpy._hidden>", "exec")
-    (elsewhere / "hidden.pyc").write_bytes(importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code))
+    (elsewhere / "hidden.pyc").write_bytes(_pyc(PEEK, "<frozen numpy._hidden>"))
     out = _watched(pkg, "import mod, hidden\nmod.threaded(); mod.rebound(); hidden.peek()", elsewhere)
     assert out.returncode == 0, out.stderr[-2000:]
     got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
@@ -261,14 +270,9 @@ def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path
     a library's file, and which then gives itself a library's origin: taken for a library's, its
     frame reads were not the job's.  Its import is now seen, on the job's line; a library's own
     compiled files are not."""
-    import importlib.util
-    import marshal
     import zipfile
 
-    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
-    (pkg / "mod").mkdir(parents=True)
-    elsewhere.mkdir()
-    (pkg / "mod" / "__init__.py").write_text(
+    pkg, elsewhere = _job_package(tmp_path, 
         "import json, sys\n"
         "def smuggle():\n"
         "    import hidden\n"
@@ -277,8 +281,7 @@ def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path
         "def honest():\n"
         "    import email.mime.text\n")
     fake = os.path.join(os.path.dirname(json.__file__), "fake.py")
-    code = compile("import sys\ndef peek():\n    return sys._getframe(0)\n", fake, "exec")
-    pyc = importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code)
+    pyc = _pyc(PEEK, fake)
     if where == "zip":
         with zipfile.ZipFile(elsewhere / "hidden.zip", "w") as z:
             z.writestr("hidden.pyc", pyc)
@@ -302,9 +305,7 @@ def test_a_library_that_calls_what_the_job_gave_it_does_the_jobs_doing(tmp_path)
     from attn_course.worker import OWN_CALLS, RAN_EVENTS
 
     assert {e for e, (_, past) in RAN_EVENTS.items() if not past} == set(OWN_CALLS) | {"marshal.loads"}
-    pkg = tmp_path / "pkg"
-    (pkg / "mod").mkdir(parents=True)
-    (pkg / "mod" / "__init__.py").write_text(
+    pkg, _ = _job_package(tmp_path, 
         "import collections, contextlib, logging, sys\n"
         "def routed():\n"
         "    logging.getLogger('x').warning('hi'); collections.namedtuple('P', 'a b')\n"
@@ -323,11 +324,8 @@ def test_a_module_on_a_path_through_a_librarys_folder_is_the_jobs(tmp_path):
     """Red team, round 8: a module the job wrote, imported from a path entry spelled
     "<a library's folder>/../../<its folder>", was taken for a library's (its origin and its
     code's file began with the library's folder): its ctypes call was not seen."""
-    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
-    (pkg / "mod").mkdir(parents=True)
-    elsewhere.mkdir()
+    pkg, elsewhere = _job_package(tmp_path, "def run():\n    import sneaky\n    return sneaky.call()\n")
     (elsewhere / "sneaky.py").write_text("import ctypes\ndef call():\n    return ctypes.CDLL(None).getpid()\n")
-    (pkg / "mod" / "__init__.py").write_text("def run():\n    import sneaky\n    return sneaky.call()\n")
     through = os.path.dirname(os.__file__) + "/.." * 12 + str(elsewhere)
     out = _watched(pkg, f"sys.path.insert(0, {through!r})\nimport mod\nmod.run()")
     assert out.returncode == 0, out.stderr[-2000:]
