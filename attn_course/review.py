@@ -23,7 +23,7 @@ dodged, and a person reads the list).
 What the reader's rules miss is also seen as it runs: a job's own code that loads a library
 through ctypes, walks gc's object graph, reads frames or sets hooks, runs code from a string or
 starts a process is said by the job's process at once, through Python's audit hooks
-(:func:`attn_course.worker._watch_runs`), and listed ``(as it ran)`` with its line.
+(:func:`attn_course.watch.watch_runs`), and listed ``(as it ran)`` with its line.
 
 Only what the student wrote is read: lines that are not in the release's
 version of the same module (or of the same notebook's answer cells), so the
@@ -222,7 +222,7 @@ def review_package(files: Mapping[str, str], release: Mapping[str, str],
 
 def ran_flags(ran: Iterable, files: Mapping[str, str]) -> list[Flag]:
     """Flags of what an archive's code was seen doing as it ran (:class:`attn_course.runner.Ran`,
-    :func:`attn_course.worker._watch_runs`), a rule once each: ``FILE:LINE (as it ran)`` with that
+    :func:`attn_course.watch.watch_runs`), a rule once each: ``FILE:LINE (as it ran)`` with that
     line as the archive's file has it (the job says only where), or where no file of the archive is
     named, what the code was (a notebook's cells; code the job made, wrote elsewhere or ran in a thread)."""
     flags: list[Flag] = []

@@ -52,7 +52,7 @@ class Programs(str, Enum):
 
 @dataclass(frozen=True)
 class Ran:
-    """What a job's own code was seen doing as it ran (:func:`attn_course.worker._watch_runs`): a
+    """What a job's own code was seen doing as it ran (:func:`attn_course.watch.watch_runs`): a
     rule of :mod:`attn_course.review`, and where (a file of the package and its line; ``<cells>`` for
     a notebook's cells, "" for other code of the job's, line 0): the job's word, checked for its
     shape only, and read by people only."""

@@ -63,7 +63,7 @@ COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and not
 # mistakes catalogue is the reference with one switch turned; the grader,
 # its reports and identity code have no business there).
 WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py",
-                  "inline_where.py", "warm.py", "seccomp.py", "tamper.py")
+                  "inline_where.py", "warm.py", "seccomp.py", "tamper.py", "watch.py")
 _STAGED: dict[str, str] = {}
 
 

@@ -17,7 +17,7 @@ it adds, is new, not changed), and only callables (module data such as
 caches changes as JAX runs).  It is not a wall: code that puts back what it
 changed before the check is not seen, and neither are changes below Python.
 Two things complement it: the worker's audit hook notes a function's code or
-defaults replaced in *any* module (:func:`attn_course.worker._code_swaps`),
+defaults replaced in *any* module (:func:`attn_course.watch.watch_code_swaps`),
 and the class report lists, for review, code that reaches for such means
 (:mod:`attn_course.review`).
 """

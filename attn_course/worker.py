@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from . import seccomp, tamper, values, warm
+from . import seccomp, tamper, values, warm, watch
 from .inline_where import inline_where
 from .xla_cache import compile_for_workers
 from .regions import exercise_of_stub
@@ -571,261 +571,6 @@ _HOOKED = [False]  # whether a profile or trace hook was set as a submission's f
 _HOOKS = [(None, None)]  # the hooks before the job's package loaded (a coverage tool's: not the job's)
 _getprofile, _gettrace = sys.getprofile, sys.gettrace
 _BASELINE: Any = None  # what the watched code was before any job (attn_course.tamper), in a template
-_SWAPPED = [""]  # a function of code not the job's whose code or defaults were replaced (its name)
-_OWN = [("<notebook cell",)]  # where the job's own code lives (its package's folder, its cells)
-
-
-def _code_swaps(event: str, args: tuple) -> None:
-    """An audit hook (:func:`sys.addaudithook`): a function's ``__code__``, ``__defaults__`` or
-    ``__kwdefaults__`` replaced, where the function's code is a module's file other than the
-    job's own, is noted.
-
-    :mod:`attn_course.tamper` compares the code of only some modules' functions (reading
-    every function's costs each job about 6 ms of copied pages); Python announces every such
-    assignment, in any module, before it is made, and an audit hook cannot be removed."""
-    if event == "object.__setattr__" and len(args) > 1 and args[1] in ("__code__", "__defaults__", "__kwdefaults__"):
-        fn = args[0]
-        if not isinstance(fn, types.FunctionType):  # (first: another object's attributes are not read)
-            return
-        where = fn.__code__.co_filename
-        # (code from a file outside the job's: a function Python made from a string -- namedtuple's
-        # __new__, given its defaults as a class is made -- has no file, and is not a module's)
-        if isinstance(where, str) and os.path.isabs(where) and not where.startswith(_OWN[0]):
-            _SWAPPED[0] = _SWAPPED[0] or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"[:200]
-
-
-_AUDITED = [False]
-
-
-def _watch_code_swaps(package: Path) -> None:
-    """From now on, this process notes code swapped in functions not of ``package`` (or of a notebook's cells)."""
-    _OWN[0] = (str(package) + os.sep, str(Path(package).resolve()) + os.sep, "<notebook cell")
-    _SWAPPED[0] = ""  # (a job run in a process that ran one before: that one's is not this one's)
-    if not _AUDITED[0]:
-        sys.addaudithook(_code_swaps)
-        _AUDITED[0] = True
-
-
-# audit events (:func:`sys.addaudithook`) that are run-time evidence of a rule of the review
-# (:data:`attn_course.review.RULES`): the rule, and whether the code that counts is the first
-# that is not a library's (True: the standard library's or an installed package's own frames,
-# which did it for their caller, are passed), or the code that called the audited function itself
-# (False: logging, warnings and namedtuple read frames or compile code for themselves)
-RAN_EVENTS: dict[str, tuple[str, bool]] = {
-    "ctypes.": ("ctypes", True),  # (every ctypes.* event)
-    "gc.get_objects": ("gc", True), "gc.get_referrers": ("gc", True), "gc.get_referents": ("gc", True),
-    "sys._getframe": ("hooks", False), "sys._current_frames": ("hooks", False), "sys.setprofile": ("hooks", False),
-    "sys.settrace": ("hooks", False), "sys.addaudithook": ("hooks", False),
-    "exec": ("dynamic code", False), "compile": ("dynamic code", False),
-    "code.__new__": ("code objects", False), "function.__new__": ("code objects", False),
-    "marshal.loads": ("code objects", False), "object.__setattr__": ("code objects", False),
-    "subprocess.Popen": ("processes", True), "os.system": ("processes", True), "os.fork": ("processes", True),
-    "os.forkpty": ("processes", True), "os.kill": ("processes", True), "os.killpg": ("processes", True),
-    "os.exec": ("processes", True), "os.posix_spawn": ("processes", True), "os.spawn": ("processes", True),
-    "socket.__new__": ("processes", True),
-}
-_CODE_ATTRIBUTES = ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__")
-# for the events a library may cause for itself (those of RAN_EVENTS not traced past libraries):
-# the names its own call is written with.  A library's frame whose code names none of them did
-# not call the function itself: it called what it was given, a callable of the job's (red team:
-# contextlib.ExitStack.callback(sys._getframe, 1), or exec, called from a library's frame)
-OWN_CALLS: dict[str, frozenset[str]] = {
-    "sys._getframe": frozenset({"_getframe"}), "sys._current_frames": frozenset({"_current_frames"}),
-    "sys.setprofile": frozenset({"setprofile"}), "sys.settrace": frozenset({"settrace"}),
-    "sys.addaudithook": frozenset({"addaudithook"}),
-    "exec": frozenset({"exec", "eval"}), "compile": frozenset({"compile", "exec", "eval"}),
-    "code.__new__": frozenset({"CodeType", "replace"}),
-    "function.__new__": frozenset({"FunctionType", "LambdaType"}),
-    "object.__setattr__": frozenset({"setattr", *_CODE_ATTRIBUTES}),
-}
-
-
-_LIBRARIES: list[tuple[str, ...]] = []  # (_libraries, once per process)
-
-
-def _libraries() -> tuple[str, ...]:
-    """Where the code of no job lies: the standard library and the installed packages."""
-    if _LIBRARIES:
-        return _LIBRARIES[0]
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
-    dirs += [os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(np.__file__))]  # (where they are)
-    found = {os.path.realpath(d) + os.sep for d in dirs} | {os.path.abspath(d) + os.sep for d in dirs}
-    _LIBRARIES.append(tuple(sorted(found)))
-    return _LIBRARIES[0]
-
-
-def _library_module(m, libraries: tuple[str, ...], _getattr=getattr, _type=type, _str=str,
-                    isfile=os.path.isfile, normpath=os.path.normpath) -> bool:
-    """Whether the import system loaded module ``m`` from the standard library or an installed
-    package (frozen or built in, or a ``.py`` or ``.so`` file under ``libraries``)."""
-    origin = _getattr(_getattr(m, "__spec__", None), "origin", None)
-    if origin in ("frozen", "built-in"):
-        return True
-    if _type(origin) is not _str:
-        return False
-    origin = normpath(origin)  # ("<a library's folder>/../../tmp/x.py" is /tmp's: red team, round 8)
-    return origin.startswith(libraries) and origin.endswith((".py", ".so")) and isfile(origin)
-
-
-_LIBRARY_SEEN: dict[str, object] = {}  # a module's name -> the module looked at (library_namespaces)
-_LIBRARY: list[tuple[frozenset, tuple]] = [(frozenset(), ())]  # (library_namespaces)
-
-
-def library_namespaces(refresh: bool = True) -> tuple[frozenset, tuple]:
-    """The namespaces of the library modules loaded so far (:func:`_library_module`), and their ids.
-
-    Each module is looked at once: the template refreshes them before each
-    fork, so that a job's watch (:func:`_watch_runs`, ``refresh=False``)
-    starts from them as they are, touching no module (looking at every
-    module took about 12 ms a job, a file's status each, and writing to
-    their pages after the fork 3 ms more).  Both are immutable, made anew
-    by each refresh, and the watch holds them: a job can neither change
-    the set nor free a namespace in it to make one of its own at its address.
-    """
-    if not refresh and _LIBRARY_SEEN:
-        return _LIBRARY[0]
-    libraries = _libraries()
-    found = []
-    for name, m in list(sys.modules.items()):
-        if _LIBRARY_SEEN.get(name) is m:
-            continue
-        _LIBRARY_SEEN[name] = m
-        namespace = getattr(m, "__dict__", None)
-        if type(namespace) is dict and _library_module(m, libraries):
-            found.append(namespace)
-    if found:
-        ids, held = _LIBRARY[0]
-        _LIBRARY[0] = (ids | {id(namespace) for namespace in found}, held + tuple(found))
-    return _LIBRARY[0]
-
-
-def _watch_runs(package: Path, fd: int) -> None:
-    """From now on, in a job's own process: the first time the job's code does what a review rule
-    reads for -- loads a library through ctypes, walks gc's object graph, reads frames or sets a
-    hook, runs code from a string or makes code objects, starts a process -- one line
-    ``{"ran": RULE, "file": PATH, "line": N, "key": KEY}`` is written to ``fd`` (the job's results
-    channel) at once, before the call returns: what a reader's rules miss (a name built from
-    strings, or written in other letters; a pickle that calls ctypes) is seen as it runs.  First,
-    before any of the job's code runs, ``{"watch": KEY}``: a key of this process's own, without
-    which a line of the job's own making is not taken for the watch's (red team: a forged first
-    line of a rule hid the real one).
-
-    The job's code is any that is not a library's nor the grader's: a library's frame is one of a
-    module of the standard library or an installed package, loaded as such (its file's name alone
-    is the job's to choose: a compiled file that named itself ``<frozen ...>`` passed); PATH is
-    relative for the package's files, ``<cells>`` for a notebook's, "" for any other code of the
-    job's (written elsewhere, made from a string, or run by a thread it started, whose stack holds
-    library frames only).  The hook holds what it calls (the job may rebind ``os.write``), and the
-    rule is said only once its line is written.  Where ``fd`` is no longer the channel it was
-    (closed, or another file put in its place), or the line cannot be written, the job ends at
-    once: its exercise is lost, as a crash.
-    """
-    import threading
-
-    own = (str(package) + os.sep, str(Path(package).resolve()) + os.sep)
-    grader = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    libraries = _libraries()
-    trusted = libraries + (grader,)  # where the compiled files a job may import from lie
-    # the functions of the import system that read a compiled file, and their local naming it
-    compiled_path = {"_compile_bytecode": "bytecode_path", "_unmarshal_code": "pathname"}
-    frozen = "<frozen "
-    # the namespaces of the libraries loaded by now, the hook's own copy (a library module loaded
-    # later is looked up, and added)
-    # (ids, namespaces): the hook holds both, so the namespaces stay those whose ids it knows
-    library = library_namespaces(refresh=False)
-    late: dict[int, dict] = {}  # (those loaded since, held)
-    refused: set[int] = set()
-    # what the hook calls, held here: the job may rebind a module's functions, this module's
-    # tables (through sys.modules) or builtins (red team: os.write rebound around the call)
-    write, fstat, dumps, relpath, exit_, getframe = os.write, os.fstat, json.dumps, os.path.relpath, os._exit, sys._getframe
-    isfile, modules, _id, _type, _str, _getattr, _list, _len = os.path.isfile, sys.modules, id, type, str, getattr, list, len
-    normpath = os.path.normpath
-    library_module = _library_module
-    events, code_attributes, ctypes_event = dict(RAN_EVENTS), frozenset(_CODE_ATTRIBUTES), RAN_EVENTS["ctypes."]
-    own_calls = dict(OWN_CALLS)
-    main = threading.main_thread()
-    current = threading.current_thread
-    key = os.urandom(16).hex()
-    channel = fstat(fd)
-    said: set[str] = set()
-    busy = [False]  # (the hook's own calls raise events too)
-
-    def is_library(frame) -> bool:
-        name = frame.f_code.co_filename
-        if not (_type(name) is _str and (normpath(name).startswith(libraries) or name.startswith(frozen))):
-            return False
-        g = _id(frame.f_globals)
-        if g in library[0] or g in late:
-            return True
-        if g in refused:
-            return False
-        for m in _list(modules.values()):  # (a library module loaded since: as the import system made it)
-            if _getattr(m, "__dict__", None) is frame.f_globals \
-                    and library_module(m, libraries, _getattr, _type, _str, isfile, normpath):
-                late[g] = frame.f_globals
-                return True
-        refused.add(g)
-        return False
-
-    def say(line: str) -> None:
-        try:
-            now = fstat(fd)
-            if (now.st_dev, now.st_ino) != (channel.st_dev, channel.st_ino) or write(fd, line.encode()) <= 0:
-                exit_(3)
-        except BaseException:  # noqa: BLE001 - the channel was taken away: nothing it reports counts
-            exit_(3)
-
-    def hook(event: str, args: tuple) -> None:
-        if busy[0]:
-            return
-        if event == "object.__setattr__" and not (_len(args) > 1 and args[1] in code_attributes):
-            return
-        found = events.get(event) or (ctypes_event if event.startswith("ctypes.") else None)
-        if found is None or found[0] in said:
-            return
-        busy[0] = True
-        try:
-            rule, past_libraries = found
-            frame = getframe(1)
-            first = frame
-            if event == "marshal.loads":  # the job's doing, past libraries, but for an import of a
-                # compiled file of the libraries' or the grader's (importlib's, or zipimport's, local)
-                local = compiled_path.get(frame.f_code.co_name) if is_library(frame) else None
-                path = frame.f_locals.get(local) if local else None
-                past_libraries = not (_type(path) is _str and normpath(path).startswith(trusted))
-            names = None if past_libraries else own_calls.get(event)
-            named = names is None
-            while frame is not None and is_library(frame):
-                if not named and not names.isdisjoint(frame.f_code.co_names):
-                    named = True
-                frame = frame.f_back
-            if frame is None:  # library frames only: a thread the job started (the main one ends in the grader's)
-                if current() is main:
-                    return
-                where, number = "", 0
-            elif frame is not first and not past_libraries and named:
-                return  # a library reading frames or compiling code for itself (logging, namedtuple)
-            else:
-                name = frame.f_code.co_filename
-                if _type(name) is not _str or name.startswith(grader):
-                    return
-                if name.startswith(own):
-                    where = relpath(name, own[0] if name.startswith(own[0]) else own[1])
-                else:
-                    where = "<cells>" if name.startswith("<notebook cell") else ""
-                number = frame.f_lineno if where and where != "<cells>" else 0
-            say(dumps({"ran": rule, "file": where[:300], "line": number, "key": key}) + "\n")
-            said.add(rule)
-        except Exception:  # noqa: BLE001 - a watch only: the job runs on
-            pass
-        finally:
-            busy[0] = False
-
-    say(dumps({"watch": key}) + "\n")
-    sys.addaudithook(hook)
 
 
 def as_graded(fn: Callable) -> Callable:
@@ -864,7 +609,7 @@ def run_job(job: dict, package: Path, out) -> None:
         raise ValueError(f"unknown backend {backend!r}")
     base = _BASELINE if _BASELINE is not None else tamper.take()  # before any of the submission runs
     _HOOKS[0] = (sys.getprofile(), sys.gettrace())
-    _watch_code_swaps(package)
+    watch.watch_code_swaps(package)
     try:
         load_package(package)
         load_error = None
@@ -903,7 +648,7 @@ def run_job(job: dict, package: Path, out) -> None:
         if not looked[1] and (looked[0] == -1 or looked[0] != _RAN[0]):
             looked[0] = _RAN[0] if _RAN[0] != -1 else 0
             looked[1] = ("a profile or trace hook (sys.setprofile, sys.settrace)" if _HOOKED[0]
-                         else f"the code of {_SWAPPED[0]} (replaced)" if _SWAPPED[0]
+                         else f"the code of {watch.SWAPPED[0]} (replaced)" if watch.SWAPPED[0]
                          else tamper.changed(base) or "")
 
     def report(ex_id: str, results: list[dict]) -> None:
@@ -1435,7 +1180,7 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         job = json.loads((work / "job.json").read_text())
         gc.freeze()  # what the template made since (its warm-ups) too: see serve()
-        _watch_runs(work / "pkg", 3)  # (this process ends with its job: the watch with it)
+        watch.watch_runs(work / "pkg", 3)  # (this process ends with its job: the watch with it)
         with open(3, "w", buffering=1) as out:
             run_job(job, work / "pkg", out)
         code = 0
@@ -1494,7 +1239,7 @@ def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool 
             sock.send(json.dumps({"backend": warm.backend_started()}).encode())
             continue
         (results,) = fds
-        library_namespaces()  # (what the job's watch starts from: looked for here, once per module)
+        watch.namespaces()  # (what the job's watch starts from: looked for here, once per module)
         pid = os.fork()
         if pid == 0:
             sock.close()

@@ -183,7 +183,7 @@ HOSTILE = {
                                                  "    return ctypes.CDLL(None).shmget(0, 1 << 20, 0o1600) >= 0\n"),
                             ["3.4"]),
     # ctypes reached with no name a reader's rules know: a pickle's bytes call it (strings are not
-    # read); the job's audit hook says it as it runs (attn_course.worker._watch_runs), score unchanged
+    # read); the job's audit hook says it as it runs (attn_course.watch.watch_runs), score unchanged
     "g3_unnamed_ctypes": (_wrap("3.5", "import pickle\npickle.loads(b'cctypes\\nCDLL\\n(NtR.')\nreturn _honest()"), []),
     # -- the server and the results channel ----------------------------------------------------
     # A job's parent is the template it was forked from (not init: it can be signalled; the server,

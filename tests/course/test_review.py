@@ -125,16 +125,16 @@ def test_what_ran_is_shown_with_the_archives_own_line():
 
 
 def _watched(pkg, run: str, *paths):
-    """``run`` in a Python of its own (an audit hook is for good), under attn_course.worker._watch_runs
+    """``run`` in a Python of its own (an audit hook is for good), under attn_course.watch.watch_runs
     for the job package ``pkg`` (on sys.path, with ``paths``), writing to a pipe whose lines are
     printed once ``run`` is done."""
     import subprocess
     import sys
 
     script = (f"import os, sys; sys.path[:0] = {[str(ROOT), str(pkg), *map(str, paths)]!r}\n"
-              "from attn_course import worker\n"
+              "from attn_course import watch\n"
               "r, w = os.pipe()\n"
-              f"worker._watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
+              f"watch.watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
               f"{run}\n"
               "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -176,7 +176,7 @@ def loud():
 
 
 def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
-    """attn_course.worker._watch_runs in a process of its own (an audit hook is for good): each rule
+    """attn_course.watch.watch_runs in a process of its own (an audit hook is for good): each rule
     once, with the job's file and line, at once; the standard library's own frame reads and the
     package's import are not the job's doing; code of the job's outside its package (written
     elsewhere, made from a string) is the job's too, named by no file."""
@@ -216,7 +216,7 @@ def test_a_job_that_takes_its_channel_away_while_it_does_so_ends(tmp_path):
 
 
 def test_every_watched_event_is_a_rule_of_the_review():
-    from attn_course.worker import RAN_EVENTS
+    from attn_course.watch import RAN_EVENTS
 
     assert {rule for rule, _ in RAN_EVENTS.values()} <= set(WHY)
 
@@ -302,7 +302,7 @@ def test_a_library_that_calls_what_the_job_gave_it_does_the_jobs_doing(tmp_path)
     a library's frame, and taken for the library reading frames or compiling for itself (as
     logging and namedtuple do, which stay unseen).  A library's frame that does not name the
     function called what it was given: the job's doing, on the job's line."""
-    from attn_course.worker import OWN_CALLS, RAN_EVENTS
+    from attn_course.watch import OWN_CALLS, RAN_EVENTS
 
     assert {e for e, (_, past) in RAN_EVENTS.items() if not past} == set(OWN_CALLS) | {"marshal.loads"}
     pkg, _ = _job_package(tmp_path, 
@@ -331,3 +331,96 @@ def test_a_module_on_a_path_through_a_librarys_folder_is_the_jobs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
     assert [(g["ran"], g["file"]) for g in got] == [("ctypes", "")], got
+
+
+def test_code_a_job_compiles_under_a_librarys_name_is_its_own(tmp_path):
+    """Red team, round 8: a string compiled by code.InteractiveInterpreter under os.py's name, in
+    inspect's namespace, ran as a library's code (its frame reads, ctypes and gc calls unseen, its
+    compile a library's own).  Code compiled under a library's file name from a source that is not
+    that file's text is the job's, on the job's line, and so is every frame of that name from then
+    on; a library compiling a file's own text (runpy) is not the job's doing."""
+    pkg, _ = _job_package(tmp_path,
+        "import code, colorsys, inspect, os, runpy\n"
+        "SRC = 'import sys\\ndef peek():\\n    return sys._getframe(0)\\n'\n"
+        "def honest():\n"
+        "    runpy.run_path(colorsys.__file__)\n"
+        "def forged():\n"
+        "    code.InteractiveInterpreter(inspect.__dict__).runsource(SRC, os.__file__, 'exec')\n"
+        "    return inspect.__dict__['peek']()\n")
+    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.forged()")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[1] == "-", lines
+    got = [json.loads(line) for line in lines[2:]]
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("dynamic code", "mod/__init__.py", 6),
+                                                               ("hooks", "", 0)], got
+
+
+SWAPS = """\
+import asyncio, colorsys, functools, os, types
+import pyparsing  # (both set up functions of their own as they load: asyncio's __sleep0's code, pyparsing's defaults)
+def new():  # a function of a module loaded since the job began
+    colorsys.rgb_to_hsv.__code__ = (lambda r, g, b: (r, g, b)).__code__
+def through_a_library():  # (functools' frame names setattr, not the attribute)
+    functools.update_wrapper(colorsys.hls_to_rgb, lambda h, l, s: (h, l, s), assigned=("__code__",), updated=())
+def old():  # a library's own assignment, to a (generator) function of a module loaded before the job
+    gen = min(f.__name__ for f in vars(os).values() if isinstance(f, types.FunctionType) and f.__code__.co_flags & 0x20)
+    types.coroutine(getattr(os, gen))
+    return gen
+def own():
+    own.__defaults__ = (1,)
+"""
+
+
+def test_code_swapped_in_a_function_not_the_jobs_is_seen_but_a_librarys_own_set_up(tmp_path):
+    """Red team, round 8: an honest ``import matplotlib`` (pyparsing) or ``tqdm.auto`` (asyncio)
+    made every exercise 0, "tampered": those libraries set the code or defaults of functions of
+    their own as they load.  Only a library's own assignment (its frame names the attribute) to a
+    function of a module loaded since the job began passes; the job's own, or a library's to a
+    function that was there before, is seen (attn_course.watch.watch_code_swaps)."""
+    import subprocess
+    import sys
+
+    pkg, _ = _job_package(tmp_path, SWAPS)
+    script = (f"import os, pathlib, sys; sys.path[:0] = {[str(ROOT), str(pkg)]!r}\n"
+              "assert not {'asyncio', 'colorsys', 'pyparsing'} & set(sys.modules)\n"
+              "from attn_course import watch\n"
+              f"watch.watch_code_swaps(pathlib.Path({str(pkg)!r}))\n"
+              "def seen():\n"
+              "    found, watch.SWAPPED[0] = watch.SWAPPED[0], ''\n"
+              "    return found\n"
+              "import mod\n"
+              "print([seen()] + [(getattr(mod, f)(), seen()) for f in ('new', 'through_a_library', 'old', 'own')])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = eval(out.stdout)  # (a list of strings, printed)
+    gen = got[3][0]
+    assert got == ["", (None, "colorsys.rgb_to_hsv"), (None, "colorsys.hls_to_rgb"), (gen, f"os.{gen}"), (None, "")], got
+
+
+def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
+    """The watch's own helpers were Python functions that look up module globals as they run:
+    json.dumps calls json._default_encoder (an encoder that writes nothing hid the line),
+    threading.current_thread calls threading.get_ident (a thread taken for the main one was not
+    looked at), os.path.normpath calls posixpath's globals (any file taken for a library's).  The
+    watch holds C functions, or its own."""
+    pkg, elsewhere = _job_package(tmp_path,
+        "import ctypes, inspect, json, os, posixpath, sys, threading\n"
+        "class Quiet:\n"
+        "    def encode(self, o):\n"
+        "        return ''\n"
+        "def rebind():\n"
+        "    json._default_encoder = Quiet()\n"
+        "    main = threading.main_thread().ident\n"
+        "    threading.get_ident = lambda: main\n"
+        "    posixpath._path_normpath = lambda p: os.__file__\n"
+        "def thread():\n"
+        "    t = threading.Thread(target=ctypes.CDLL, args=(None,)); t.start(); t.join()\n"
+        "def peek(path):\n"
+        "    exec(compile('import sys\\ndef peek():\\n    return sys._getframe(0)\\n', path, 'exec'), inspect.__dict__)\n"
+        "    return inspect.__dict__['peek']()\n")
+    out = _watched(pkg, f"import mod\nmod.rebind(); mod.thread(); mod.peek({str(elsewhere / 'x.py')!r})")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [
+        ("ctypes", "", 0), ("dynamic code", "mod/__init__.py", 13), ("hooks", "", 0)], got

@@ -449,7 +449,7 @@ def test_a_new_server_is_the_archives_cost_only_after_its_own_job_ended_the_last
 
 
 def test_what_a_job_was_seen_doing_is_collected_once_each_and_only_in_its_shape():
-    """``{"ran": RULE, "file": F, "line": N, "key": K}`` lines (attn_course.worker._watch_runs): the
+    """``{"ran": RULE, "file": F, "line": N, "key": K}`` lines (attn_course.watch.watch_runs): the
     first of each rule of the review's that carries the key of the job's first line
     (``{"watch": K}``); any other shape, or another key, is ignored (red team: a forged first line
     of a rule hid the real one); the results are unchanged."""
