@@ -393,7 +393,9 @@ def test_code_swapped_in_a_function_not_the_jobs_is_seen_but_a_librarys_own_set_
               "print([seen()] + [(getattr(mod, f)(), seen()) for f in ('new', 'through_a_library', 'old', 'own')])\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    got = eval(out.stdout)  # (a list of strings, printed)
+    import ast
+
+    got = ast.literal_eval(out.stdout)
     gen = got[3][0]
     assert got == ["", (None, "colorsys.rgb_to_hsv"), (None, "colorsys.hls_to_rgb"), (gen, f"os.{gen}"), (None, "")], got
 
