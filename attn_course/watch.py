@@ -305,17 +305,21 @@ def watch_runs(package: Path, fd: int) -> None:
     said: set[str] = set()
     busy = [False]  # (the hook's own calls raise events too)
 
-    def forges(source, filename) -> bool:
-        """Whether code compiled from ``source`` under the name ``filename`` would pass for a
-        library's: the name is a library's file (or a frozen module's), the source not its text."""
-        if _type(filename) is not _str:
+    def names_library(filename) -> bool:
+        return _type(filename) is _str and (filename.startswith(FROZEN) or normpath(filename).startswith(libraries))
+
+    def forges(event: str, args: tuple) -> bool:
+        """Whether the code made would pass for a library's, and is not: compiled from a source
+        that is not the text of the library's file it is named after (or named after a frozen
+        module), or a code object's copy renamed after a library's file (red team: hypothesis's
+        ``impersonate`` gave code from a string the name of the file of its globals' module)."""
+        if event not in ("compile", "code.__new__") or _len(args) < 2 or not names_library(args[1]):
             return False
-        if filename.startswith(FROZEN):
+        if event == "code.__new__" or args[1].startswith(FROZEN):
             return True
-        path = normpath(filename)
-        if not path.startswith(libraries):
-            return False
+        path = normpath(args[1])
         try:
+            source = args[0]
             source = source.encode() if _type(source) is _str else bytes(source)  # (an AST: TypeError)
             if stat(path).st_size != _len(source):
                 return True
@@ -343,7 +347,7 @@ def watch_runs(package: Path, fd: int) -> None:
         busy[0] = True
         try:
             rule, past_libraries = found
-            forging = event == "compile" and _len(args) > 1 and forges(args[0], args[1])
+            forging = forges(event, args)
             if forging:  # the job's, past libraries (a library compiling its own file reads its text)
                 past_libraries = True
             elif rule in said:
@@ -360,6 +364,9 @@ def watch_runs(package: Path, fd: int) -> None:
             while frame is not None and is_library(frame):
                 if not named and not names.isdisjoint(frame.f_code.co_names):
                     named = True
+                if forging and event == "code.__new__" and frame.f_code.co_name == "<module>":
+                    return  # a library's module setting up code of its own as it is imported (asyncio's
+                    # __sleep0 made a coroutine by types.coroutine, as the job imports tqdm.auto)
                 frame = frame.f_back
             if frame is None:  # library frames only: a thread the job started (the main one ends in the grader's)
                 if get_ident() == main:

@@ -356,6 +356,31 @@ def test_code_a_job_compiles_under_a_librarys_name_is_its_own(tmp_path):
                                                                ("hooks", "", 0)], got
 
 
+def test_code_a_library_renames_after_a_librarys_file_is_the_jobs(tmp_path):
+    """Red team: code from a string, run in inspect's namespace under the name "<input>" (its
+    frames the job's), renamed after inspect.py by a library (hypothesis's impersonate calls
+    code.replace for its caller): its frames passed for inspect's own.  A code object renamed
+    after a library's file is the job's making, and that file's frames are the job's from then
+    on; a library's module doing so as it is imported (types.coroutine, for asyncio) is not."""
+    pkg, _ = _job_package(tmp_path,
+        "import code, inspect\n"
+        "SRC = 'import sys\\ndef peek():\\n    return sys._getframe(0)\\n'\n"
+        "def honest():\n"
+        "    import asyncio\n"
+        "def renamed():\n"
+        "    from hypothesis.internal.reflection import impersonate\n"
+        "    code.InteractiveInterpreter(inspect.__dict__).runsource(SRC, '<input>', 'exec')\n"
+        "    impersonate(inspect.getmembers)(inspect.__dict__['peek'])\n"
+        "    return inspect.__dict__['peek']()\n")
+    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.renamed()")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[1] == "-", lines
+    got = [json.loads(line) for line in lines[2:]]
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("code objects", "mod/__init__.py", 8),
+                                                               ("hooks", "", 0)], got
+
+
 SWAPS = """\
 import asyncio, colorsys, functools, os, types
 import pyparsing  # (both set up functions of their own as they load: asyncio's __sleep0's code, pyparsing's defaults)
@@ -403,7 +428,7 @@ def test_code_swapped_in_a_function_not_the_jobs_is_seen_but_a_librarys_own_set_
 def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
     """The watch's own helpers were Python functions that look up module globals as they run:
     json.dumps calls json._default_encoder (an encoder that writes nothing hid the line),
-    threading.current_thread calls threading.get_ident (a thread taken for the main one was not
+    threading.current_thread reads threading._active (a thread taken for the main one was not
     looked at), os.path.normpath calls posixpath's globals (any file taken for a library's).  The
     watch holds C functions, or its own."""
     pkg, elsewhere = _job_package(tmp_path,
@@ -411,10 +436,12 @@ def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
         "class Quiet:\n"
         "    def encode(self, o):\n"
         "        return ''\n"
+        "class Main(dict):  # every thread is the main one\n"
+        "    def __getitem__(self, ident):\n"
+        "        return threading.main_thread()\n"
         "def rebind():\n"
         "    json._default_encoder = Quiet()\n"
-        "    main = threading.main_thread().ident\n"
-        "    threading.get_ident = lambda: main\n"
+        "    threading._active = Main(threading._active)\n"
         "    posixpath._path_normpath = lambda p: os.__file__\n"
         "def thread():\n"
         "    t = threading.Thread(target=ctypes.CDLL, args=(None,)); t.start(); t.join()\n"
@@ -425,4 +452,4 @@ def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
     assert [(g["ran"], g["file"], g["line"]) for g in got] == [
-        ("ctypes", "", 0), ("dynamic code", "mod/__init__.py", 13), ("hooks", "", 0)], got
+        ("ctypes", "", 0), ("dynamic code", "mod/__init__.py", 15), ("hooks", "", 0)], got
