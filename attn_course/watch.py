@@ -22,6 +22,7 @@ from __future__ import annotations
 import _json
 import _stat
 import _thread
+import importlib.machinery
 import io
 import os
 import posix
@@ -99,15 +100,28 @@ def _libraries() -> tuple[str, ...]:
     return _LIBRARIES[0]
 
 
-def _library_module(m, libraries: tuple[str, ...], _getattr=getattr, _type=type, _str=str,
-                    isfile=_isfile, normpath=_normpath) -> bool:
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__  # (a module's own namespace, whatever its class says)
+
+
+def _library_module(m, libraries: tuple[str, ...], _type=type, _str=str, isfile=_isfile, normpath=_normpath,
+                    issubclass_=issubclass, module=types.ModuleType, namespace=_MODULE_DICT,
+                    spec_type=importlib.machinery.ModuleSpec) -> bool:
     """Whether the import system loaded module ``m`` from the standard library or an installed
-    package (frozen or built in, or a ``.py`` or ``.so`` file under ``libraries``)."""
-    origin = _getattr(_getattr(m, "__spec__", None), "origin", None)
-    if origin in ("frozen", "built-in"):
-        return True
+    package (frozen or built in, or a ``.py`` or ``.so`` file under ``libraries``).
+
+    Read from the module's own namespace and its spec's, as the import system made them: a job's
+    object in ``sys.modules`` is asked nothing of its own (a property, a module's ``__getattr__``
+    would be the job's code, run in the watch's hook)."""
+    if not issubclass_(_type(m), module):
+        return False
+    spec = namespace(m).get("__spec__")
+    if _type(spec) is not spec_type:
+        return False
+    origin = spec.__dict__.get("origin")
     if _type(origin) is not _str:
         return False
+    if origin == "frozen" or origin == "built-in":
+        return True
     origin = normpath(origin)  # ("<a library's folder>/../../tmp/x.py" is /tmp's: red team, round 8)
     return origin.startswith(libraries) and origin.endswith((".py", ".so")) and isfile(origin)
 
@@ -179,8 +193,8 @@ def library_frames() -> LibraryFrames:
     late: dict[int, dict] = {}  # (namespaces of library modules loaded since, held)
     refused: set[int] = set()
     forged: set[str] = set()
-    modules, isfile, normpath, library_module = sys.modules, _isfile, _normpath, _library_module
-    _id, _type, _str, _getattr, _list = id, type, str, getattr, list
+    modules, library_module, namespace, module = sys.modules, _library_module, _MODULE_DICT, types.ModuleType
+    _id, _type, _str, _list, issubclass_, normpath = id, type, str, list, issubclass, _normpath
 
     def is_library(frame) -> bool:
         name = frame.f_code.co_filename
@@ -194,8 +208,7 @@ def library_frames() -> LibraryFrames:
         if g in refused:
             return False
         for m in _list(modules.values()):  # (a library module loaded since: as the import system made it)
-            if _getattr(m, "__dict__", None) is frame.f_globals \
-                    and library_module(m, libraries, _getattr, _type, _str, isfile, normpath):
+            if issubclass_(_type(m), module) and namespace(m) is frame.f_globals and library_module(m, libraries):
                 late[g] = frame.f_globals
                 return True
         refused.add(g)
@@ -222,7 +235,8 @@ def watch_code_swaps(package: Path) -> None:
     job's import, setting up a function of its own as it is made, is passed (pyparsing gives its
     new functions defaults, :func:`types.coroutine` sets asyncio's ``__sleep0``'s code: an honest
     ``import matplotlib`` or ``tqdm.auto`` made every exercise 0: red team, round 8).  Set up by
-    a library means the frame that assigns is a library's whose code names the attribute.
+    a library means the frame that assigns is a library's whose code names the attribute, as a
+    library module is imported (``being_set_up``).
 
     :mod:`attn_course.tamper` compares the code of only some modules' functions (reading every
     function's costs each job about 6 ms of copied pages); Python announces every such
@@ -238,6 +252,19 @@ def watch_code_swaps(package: Path) -> None:
     function, _isinstance, _type, _str, _id, _len, _getattr = types.FunctionType, isinstance, type, str, id, len, getattr
     getframe, frozen = sys._getframe, FROZEN
 
+    def being_set_up(frame, attribute: str) -> bool:
+        """Whether ``frame`` (a library's, whose code names ``attribute``) assigns as a library
+        module is imported: a module's frame of a library's comes before any other on its stack
+        (a library's function called at run time with what the job chose -- decorator's or
+        prometheus_client's ``FunctionMaker.update`` sets any function's defaults -- is not)."""
+        if not (is_library(frame) and attribute in frame.f_code.co_names):
+            return False
+        while frame is not None and is_library(frame):
+            if frame.f_code.co_name == "<module>":
+                return True
+            frame = frame.f_back
+        return False
+
     def hook(event: str, args: tuple) -> None:
         if event != "object.__setattr__" or _len(args) < 2 or args[1] not in attributes:
             return
@@ -248,10 +275,11 @@ def watch_code_swaps(package: Path) -> None:
         if not (_isinstance(where, _str) and (where.startswith("/") or where.startswith(frozen))
                 and not where.startswith(own[0])) or swapped[0]:
             return
-        if _id(fn.__globals__) not in before:
-            frame = getframe(1)  # (the frame that assigns)
-            if is_library(frame) and args[1] in frame.f_code.co_names:
+        try:
+            if _id(fn.__globals__) not in before and being_set_up(getframe(1), args[1]):
                 return
+        except Exception:  # noqa: BLE001 - (a library's, or not: counted)
+            pass
         # (strings only: another object's format would be the job's code, run here)
         module, name = _getattr(fn, "__module__", None), _getattr(fn, "__qualname__", None)
         swapped[0] = f"{module if _type(module) is _str else '?'}.{name if _type(name) is _str else '?'}"[:200]
@@ -303,7 +331,10 @@ def watch_runs(package: Path, fd: int) -> None:
     key = os.urandom(16).hex()
     channel = fstat(fd)
     said: set[str] = set()
-    busy = [False]  # (the hook's own calls raise events too)
+    framing: set[int] = set()  # the threads whose hook reads its caller's frame
+    busy: set[int] = set()  # the threads in the hook (its own calls raise events too; another
+    # thread's are seen all the same: a flag of the whole process let a job's thread that kept
+    # the hook busy hide the main one's calls)
 
     def names_library(filename) -> bool:
         return _type(filename) is _str and (filename.startswith(FROZEN) or normpath(filename).startswith(libraries))
@@ -336,23 +367,33 @@ def watch_runs(package: Path, fd: int) -> None:
         except BaseException:  # noqa: BLE001 - the channel was taken away: nothing it reports counts
             exit_(3)
 
+    def ran(rule: str, where: str = "", number: int = 0) -> None:
+        if rule not in said:
+            say('{"ran": %s, "file": %s, "line": %d, "key": %s}\n' % (quote(rule), quote(where[:300]), number, quote(key)))
+            said.add(rule)
+
     def hook(event: str, args: tuple) -> None:
-        if busy[0]:
-            return
         if event == "object.__setattr__" and not (_len(args) > 1 and args[1] in code_attributes):
             return
         found = events.get(event) or (ctypes_event if event.startswith("ctypes.") else None)
         if found is None:
             return
-        busy[0] = True
+        thread = get_ident()
+        if thread in busy:  # the hook's own frame read, or code of the job's run as the hook asks an
+            if not (event == "sys._getframe" and thread in framing):  # object of its (a key's __eq__
+                ran(found[0])  # in a module's namespace): the job's, whose line is not known
+            return
+        busy.add(thread)
+        rule, past_libraries = found
         try:
-            rule, past_libraries = found
             forging = forges(event, args)
             if forging:  # the job's, past libraries (a library compiling its own file reads its text)
                 past_libraries = True
             elif rule in said:
                 return
+            framing.add(thread)
             frame = getframe(1)
+            framing.discard(thread)
             first = frame
             if event == "marshal.loads":  # the job's doing, past libraries, but for an import of a
                 # compiled file of the libraries' or the grader's (importlib's, or zipimport's, local)
@@ -369,7 +410,7 @@ def watch_runs(package: Path, fd: int) -> None:
                     # __sleep0 made a coroutine by types.coroutine, as the job imports tqdm.auto)
                 frame = frame.f_back
             if frame is None:  # library frames only: a thread the job started (the main one ends in the grader's)
-                if get_ident() == main:
+                if thread == main:
                     return
                 where, number = "", 0
             elif frame is not first and not past_libraries and named:
@@ -385,14 +426,12 @@ def watch_runs(package: Path, fd: int) -> None:
                 number = frame.f_lineno if where and where != "<cells>" else 0
             if forging:  # (no frame of code under that name is a library's from now on)
                 forged.add(normpath(args[1]))
-                if rule in said:
-                    return
-            say('{"ran": %s, "file": %s, "line": %d, "key": %s}\n' % (quote(rule), quote(where[:300]), number or 0, quote(key)))
-            said.add(rule)
-        except Exception:  # noqa: BLE001 - a watch only: the job runs on
-            pass
+            ran(rule, where, number or 0)
+        except Exception:  # noqa: BLE001 - what failed to say where is said all the same (the job
+            ran(rule)  # could make it fail: red team); the job runs on
         finally:
-            busy[0] = False
+            framing.discard(thread)
+            busy.discard(thread)
 
     say('{"watch": %s}\n' % quote(key))
     sys.addaudithook(hook)

@@ -382,7 +382,7 @@ def test_code_a_library_renames_after_a_librarys_file_is_the_jobs(tmp_path):
 
 
 SWAPS = """\
-import asyncio, colorsys, functools, os, types
+import asyncio, colorsys, difflib, functools, os, types
 import pyparsing  # (both set up functions of their own as they load: asyncio's __sleep0's code, pyparsing's defaults)
 def new():  # a function of a module loaded since the job began
     colorsys.rgb_to_hsv.__code__ = (lambda r, g, b: (r, g, b)).__code__
@@ -392,6 +392,8 @@ def old():  # a library's own assignment, to a (generator) function of a module 
     gen = min(f.__name__ for f in vars(os).values() if isinstance(f, types.FunctionType) and f.__code__.co_flags & 0x20)
     types.coroutine(getattr(os, gen))
     return gen
+def at_run_time():  # the same library's own assignment, called by the job, not as a module loads
+    types.coroutine(difflib.unified_diff)
 def own():
     own.__defaults__ = (1,)
 """
@@ -400,29 +402,32 @@ def own():
 def test_code_swapped_in_a_function_not_the_jobs_is_seen_but_a_librarys_own_set_up(tmp_path):
     """Red team, round 8: an honest ``import matplotlib`` (pyparsing) or ``tqdm.auto`` (asyncio)
     made every exercise 0, "tampered": those libraries set the code or defaults of functions of
-    their own as they load.  Only a library's own assignment (its frame names the attribute) to a
-    function of a module loaded since the job began passes; the job's own, or a library's to a
-    function that was there before, is seen (attn_course.watch.watch_code_swaps)."""
+    their own as they load.  Only a library's own assignment (its frame names the attribute), as a
+    library module loads, to a function of a module loaded since the job began passes; the job's
+    own, a library's to a function that was there before, or a library's called by the job at run
+    time (types.coroutine here; decorator's FunctionMaker.update sets any function's defaults) is
+    seen (attn_course.watch.watch_code_swaps)."""
     import subprocess
     import sys
 
     pkg, _ = _job_package(tmp_path, SWAPS)
     script = (f"import os, pathlib, sys; sys.path[:0] = {[str(ROOT), str(pkg)]!r}\n"
-              "assert not {'asyncio', 'colorsys', 'pyparsing'} & set(sys.modules)\n"
+              "assert not {'asyncio', 'colorsys', 'difflib', 'pyparsing'} & set(sys.modules)\n"
               "from attn_course import watch\n"
               f"watch.watch_code_swaps(pathlib.Path({str(pkg)!r}))\n"
               "def seen():\n"
               "    found, watch.SWAPPED[0] = watch.SWAPPED[0], ''\n"
               "    return found\n"
               "import mod\n"
-              "print([seen()] + [(getattr(mod, f)(), seen()) for f in ('new', 'through_a_library', 'old', 'own')])\n")
+              "print([seen()] + [(getattr(mod, f)(), seen()) for f in ('new', 'through_a_library', 'old', 'at_run_time', 'own')])\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     import ast
 
     got = ast.literal_eval(out.stdout)
     gen = got[3][0]
-    assert got == ["", (None, "colorsys.rgb_to_hsv"), (None, "colorsys.hls_to_rgb"), (gen, f"os.{gen}"), (None, "")], got
+    assert got == ["", (None, "colorsys.rgb_to_hsv"), (None, "colorsys.hls_to_rgb"), (gen, f"os.{gen}"),
+                   (None, "difflib.unified_diff"), (None, "")], got
 
 
 def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
@@ -453,3 +458,47 @@ def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
     got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
     assert [(g["ran"], g["file"], g["line"]) for g in got] == [
         ("ctypes", "", 0), ("dynamic code", "mod/__init__.py", 15), ("hooks", "", 0)], got
+
+
+INSIDE = """\
+import gc, importlib.util, sys
+class Key(str):  # a key of a library module's namespace that the hook's lookup of '__spec__' compares
+    def __hash__(self):
+        return hash("__spec__")
+    def __eq__(self, other):
+        if ARMED and ACT == "raise":
+            raise KeyError(other)
+        if ARMED:
+            gc.get_objects()
+        return False
+ARMED = False
+def run():
+    global ARMED
+    spec = importlib.util.find_spec("sched")
+    module = importlib.util.module_from_spec(spec)
+    namespace = vars(module)
+    spec_ = namespace.pop("__spec__")
+    namespace[Key("x")] = 1  # (where the spec was: the lookup meets the key first)
+    namespace["__spec__"] = spec_
+    sys.modules["sched"] = module
+    ARMED = True
+    spec.loader.exec_module(module)  # (namedtuple reads a frame as sched loads: the hook asks sched for its spec)
+"""
+
+
+@pytest.mark.parametrize("act", ["raise", "act"])
+def test_code_of_the_jobs_run_by_the_watch_is_seen_and_cannot_silence_it(tmp_path, act):
+    """The watch asks a module loaded since the job began (sched, made and run by the job through
+    importlib, on the stack of namedtuple's frame read) for its spec: a key of the job's in its
+    namespace, whose __eq__ the lookup calls, ran the job's code inside the hook.  Raising there
+    made the hook drop the event (it passed what failed); acting there went unseen (the hook
+    ignored the events of its own thread).  Now what fails is said all the same, and what the
+    job's code does there is seen."""
+    pkg, _ = _job_package(tmp_path, f"ACT = {act!r}\n" + INSIDE)
+    out = _watched(pkg, "import mod\nmod.run()")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    if act == "raise":  # (every event whose walk meets sched's frames, its import's too)
+        assert "hooks" in {g["ran"] for g in got} and {g["file"] for g in got} == {""}, got
+    else:
+        assert [(g["ran"], g["file"]) for g in got] == [("gc", "")], got
