@@ -249,7 +249,7 @@ def watch_code_swaps(package: Path) -> None:
     before = namespaces(refresh=False)[1].ids  # (every module's, as the job began)
     is_library = library_frames().is_library
     own, swapped, attributes = _OWN, SWAPPED, SWAPPED_ATTRIBUTES
-    function, _isinstance, _type, _str, _id, _len, _getattr = types.FunctionType, isinstance, type, str, id, len, getattr
+    function, _type, _str, _id, _len, _getattr = types.FunctionType, type, str, id, len, getattr
     getframe, frozen = sys._getframe, FROZEN
 
     def being_set_up(frame, attribute: str) -> bool:
@@ -269,10 +269,10 @@ def watch_code_swaps(package: Path) -> None:
         if event != "object.__setattr__" or _len(args) < 2 or args[1] not in attributes:
             return
         fn = args[0]
-        if not _isinstance(fn, function):  # (first: another object's attributes are not read)
+        if _type(fn) is not function:  # (first: another object's attributes are not read, its class neither)
             return
         where = fn.__code__.co_filename
-        if not (_isinstance(where, _str) and (where.startswith("/") or where.startswith(frozen))
+        if not (_type(where) is _str and (where.startswith("/") or where.startswith(frozen))
                 and not where.startswith(own[0])) or swapped[0]:
             return
         try:
