@@ -71,7 +71,7 @@ FROZEN = "<frozen "  # (the file name of a frozen module's code: importlib's own
 # what the hooks call is C, or this module's (whose functions' code or defaults the job cannot
 # replace unseen, watch_code_swaps): the job may rebind a module's globals (posixpath.os, and
 # os.path.normpath calls os.fspath; json.dumps calls json._default_encoder), which no hook sees
-_normpath = getattr(posix, "_path_normpath", None) or os.path.normpath  # (C, from Python 3.11.?)
+_normpath = getattr(posix, "_path_normpath", None) or os.path.normpath  # (C, where this Python has it)
 _quote = _json.encode_basestring_ascii  # (a JSON string, quoted)
 
 
