@@ -461,17 +461,24 @@ def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
 
 
 INSIDE = """\
-import gc, importlib.util, sys
+import ctypes, gc, importlib.util, sys, threading
+INSIDE, DONE = threading.Event(), threading.Event()
 class Key(str):  # a key of a library module's namespace that the hook's lookup of '__spec__' compares
     def __hash__(self):
         return hash("__spec__")
     def __eq__(self, other):
         if ARMED and ACT == "raise":
             raise KeyError(other)
-        if ARMED:
+        if ARMED and ACT == "act":
             gc.get_objects()
+        if ARMED and ACT == "hold":  # (the hook held in this thread while another calls ctypes)
+            INSIDE.set(); DONE.wait(60)
         return False
 ARMED = False
+def held():
+    t = threading.Thread(target=run); t.start(); INSIDE.wait(60)
+    ctypes.CDLL(None)
+    DONE.set(); t.join()
 def run():
     global ARMED
     spec = importlib.util.find_spec("sched")
@@ -486,19 +493,22 @@ def run():
 """
 
 
-@pytest.mark.parametrize("act", ["raise", "act"])
+@pytest.mark.parametrize("act", ["raise", "act", "hold"])
 def test_code_of_the_jobs_run_by_the_watch_is_seen_and_cannot_silence_it(tmp_path, act):
     """The watch asks a module loaded since the job began (sched, made and run by the job through
     importlib, on the stack of namedtuple's frame read) for its spec: a key of the job's in its
     namespace, whose __eq__ the lookup calls, ran the job's code inside the hook.  Raising there
     made the hook drop the event (it passed what failed); acting there went unseen (the hook
     ignored the events of its own thread).  Now what fails is said all the same, and what the
-    job's code does there is seen."""
+    job's code does there is seen; and while the hook runs in one thread, another's calls are seen
+    (holding it was enough to hide them)."""
     pkg, _ = _job_package(tmp_path, f"ACT = {act!r}\n" + INSIDE)
-    out = _watched(pkg, "import mod\nmod.run()")
+    out = _watched(pkg, "import mod\n" + ("mod.held()" if act == "hold" else "mod.run()"))
     assert out.returncode == 0, out.stderr[-2000:]
     got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
     if act == "raise":  # (every event whose walk meets sched's frames, its import's too)
         assert "hooks" in {g["ran"] for g in got} and {g["file"] for g in got} == {""}, got
+    elif act == "hold":
+        assert [(g["ran"], g["file"], g["line"]) for g in got] == [("ctypes", "mod/__init__.py", 18)], got
     else:
         assert [(g["ran"], g["file"]) for g in got] == [("gc", "")], got
