@@ -142,6 +142,10 @@ def _code_lines(text: str) -> list[str]:
 
 
 ANY = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in RULES))
+# what is read in a module's strings too, and the rule it is: names no honest text spells, which
+# NumPy reads from a dict (an array over any address from {"__array_interface__": {"data": ...}}
+# raises no audit event, so no watch sees it run: red team, round 9)
+IN_STRINGS = (re.compile(r"__array_(?:interface|struct)__"), "raw memory")
 # the words every rule needs, as plain alternatives (each starts with a letter or "_", so the
 # regular expression engine skips the text's other characters at once): one fast pass finds
 # whether a module has anything to look at more closely
@@ -193,11 +197,13 @@ def review_text(where: str, text: str, stub: str = "", budget: list[int] | None 
     for i in new:
         code = code_lines[i] if i < len(code_lines) else lines[i]
         number = i + 1
-        if not code.strip() or not ANY.search(code):
+        if not (code.strip() and ANY.search(code)) and not IN_STRINGS[0].search(lines[i]):
             continue
-        for rule in RULES:
-            if rule.pattern.search(code):
-                flags.append(Flag(f"{where}:{number}", rule.name, plain(shown[i].strip(), 160, newlines=False)))
+        found = [rule.name for rule in RULES if rule.pattern.search(code)]
+        if IN_STRINGS[1] not in found and IN_STRINGS[0].search(lines[i]):
+            found.append(IN_STRINGS[1])
+        flags += [Flag(f"{where}:{number}", name, plain(shown[i].strip(), 160, newlines=False))
+                  for name in WHY if name in found]
     return flags
 
 

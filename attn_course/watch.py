@@ -50,7 +50,18 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
     "os.forkpty": ("processes", True), "os.kill": ("processes", True), "os.killpg": ("processes", True),
     "os.exec": ("processes", True), "os.posix_spawn": ("processes", True), "os.spawn": ("processes", True),
     "socket.__new__": ("processes", True),
+    "object.__getattr__": ("hooks", False),  # (a frame of a traceback, generator or coroutine: FRAME_ATTRIBUTES)
+    "open": ("raw memory", True),  # (a process's memory file, /proc/<pid>/mem: refused as well)
 }
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# the libraries that compile and run the source their caller gives them: their naming compile or
+# exec is not their own doing (red team: code.InteractiveInterpreter().runsource(src) was not seen)
+RUN_CALLERS_SOURCE = ("code", "codeop", "runpy", "timeit", "pdb", "bdb", "profile", "cProfile", "trace", "doctest")
+# the libraries that read their caller's frame for its module's name, and hand it to no one
+# (namedtuple, typing's NamedTuple and TypeVar, enum's functional API): another library that
+# returns a frame not a library's (inspect.currentframe, inspect.stack) gives the job a frame
+# of its own or the grader's, the job's doing (red team)
+READ_CALLERS_NAME = ("collections/__init__", "typing", "enum")
 _CODE_ATTRIBUTES = ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__")
 SWAPPED_ATTRIBUTES = ("__code__", "__defaults__", "__kwdefaults__")  # (watch_code_swaps)
 # for the events a library may cause for itself (those of RAN_EVENTS not traced past libraries):
@@ -64,7 +75,8 @@ OWN_CALLS: dict[str, frozenset[str]] = {
     "exec": frozenset({"exec", "eval"}), "compile": frozenset({"compile", "exec", "eval"}),
     "code.__new__": frozenset({"CodeType", "replace"}),
     "function.__new__": frozenset({"FunctionType", "LambdaType"}),
-    "object.__setattr__": frozenset({"setattr", *_CODE_ATTRIBUTES}),
+    "object.__setattr__": frozenset(_CODE_ATTRIBUTES),  # (not setattr: functools.update_wrapper sets
+    "object.__getattr__": FRAME_ATTRIBUTES,  # what its caller names, __code__ too: red team)
 }
 FROZEN = "<frozen "  # (the file name of a frozen module's code: importlib's own)
 
@@ -336,6 +348,42 @@ def watch_runs(package: Path, fd: int) -> None:
     # thread's are seen all the same: a flag of the whole process let a job's thread that kept
     # the hook busy hide the main one's calls)
 
+    frame_attributes, frame_type = FRAME_ATTRIBUTES, types.FrameType
+    stdlib = os.path.dirname(os.__file__)
+    run_source = frozenset(normpath(os.path.join(stdlib, n + ".py")) for n in RUN_CALLERS_SOURCE)
+    read_name = frozenset(normpath(os.path.join(stdlib, n + ".py")) for n in READ_CALLERS_NAME)
+    proc, fsdecode, creates = stat("/proc/self").st_dev, os.fsdecode, os.O_CREAT
+    importing = "<frozen importlib."
+
+    def memory_file(path, flags) -> bool:
+        """Whether ``path``, as ``open`` was given it, is a process's memory (``/proc/<pid>/mem``,
+        or a link to it: a regular file of /proc's that only its owner may read and write), which
+        writes to any byte of the process as ctypes does (red team).  A name that cannot be looked
+        up from here (relative to a folder the job opened) counts if it ends in ``mem``."""
+        try:
+            if _type(path) is bytes:
+                path = fsdecode(path)
+            if _type(path) is not _str:
+                return False
+            try:
+                st = stat(path)
+            except OSError:
+                return not (_type(flags) is int and flags & creates) and (path == "mem" or path.endswith("/mem"))
+            return st.st_dev == proc and st.st_mode & 0o177777 == 0o100600
+        except Exception:  # noqa: BLE001 - (an odd name: counted)
+            return True
+
+    def hands_out(returned, caller) -> bool:
+        """Whether a library's frame read (``caller`` called ``sys._getframe``) returned a frame of the
+        job's: inspect.currentframe and inspect.stack hand it, and the grader's frames behind it, to
+        their caller (red team).  Those that only read their caller's module name do not count."""
+        if _type(returned) is not frame_type or caller is returned or not is_library(caller):
+            return False
+        name = returned.f_code.co_filename
+        if is_library(returned) or (_type(name) is _str and name.startswith(grader)):
+            return False
+        return normpath(caller.f_code.co_filename) not in read_name
+
     def names_library(filename) -> bool:
         return _type(filename) is _str and (filename.startswith(FROZEN) or normpath(filename).startswith(libraries))
 
@@ -375,6 +423,10 @@ def watch_runs(package: Path, fd: int) -> None:
     def hook(event: str, args: tuple) -> None:
         if event == "object.__setattr__" and not (_len(args) > 1 and args[1] in code_attributes):
             return
+        if event == "object.__getattr__" and not (_len(args) > 1 and args[1] in frame_attributes):
+            return
+        if event == "open" and not (args and memory_file(args[0], args[2] if _len(args) > 2 else 0)):
+            return
         found = events.get(event) or (ctypes_event if event.startswith("ctypes.") else None)
         if found is None:
             return
@@ -382,11 +434,15 @@ def watch_runs(package: Path, fd: int) -> None:
         if thread in busy:  # the hook's own frame read, or code of the job's run as the hook asks an
             if not (event == "sys._getframe" and thread in framing):  # object of its (a key's __eq__
                 ran(found[0])  # in a module's namespace): the job's, whose line is not known
+            if event == "open":
+                raise PermissionError("a process's memory is not a file a job may open")
             return
         busy.add(thread)
         rule, past_libraries = found
         try:
             forging = forges(event, args)
+            if forging and event == "compile":  # (no frame of code under that name is a library's
+                forged.add(normpath(args[1]))   # from now on, whoever asked for it)
             if forging:  # the job's, past libraries (a library compiling its own file reads its text)
                 past_libraries = True
             elif rule in said:
@@ -400,10 +456,13 @@ def watch_runs(package: Path, fd: int) -> None:
                 local = compiled_path.get(frame.f_code.co_name) if is_library(frame) else None
                 path = frame.f_locals.get(local) if local else None
                 past_libraries = not (_type(path) is _str and normpath(path).startswith(trusted))
+            if event == "sys._getframe" and args and hands_out(args[0], frame):
+                past_libraries = True
             names = None if past_libraries else own_calls.get(event)
             named = names is None
             while frame is not None and is_library(frame):
-                if not named and not names.isdisjoint(frame.f_code.co_names):
+                if not named and not names.isdisjoint(frame.f_code.co_names) \
+                        and not (rule == "dynamic code" and normpath(frame.f_code.co_filename) in run_source):
                     named = True
                 if forging and event == "code.__new__" and frame.f_code.co_name == "<module>":
                     return  # a library's module setting up code of its own as it is imported (asyncio's
@@ -417,14 +476,21 @@ def watch_runs(package: Path, fd: int) -> None:
                 return  # a library reading frames or compiling code for itself (logging, namedtuple)
             else:
                 name = frame.f_code.co_filename
-                if _type(name) is not _str or name.startswith(grader):
-                    return
-                if name.startswith(own):
+                where, number = "", 0
+                if _type(name) is _str and name.startswith(grader):
+                    if not past_libraries and (frame is first or first.f_code.co_filename.startswith(importing)):
+                        return  # the grader's own call (a notebook's cells compiled, a traceback read),
+                        # or an extension module's set-up as the grader imports it (mlx's compiles)
+                    # else: the job's callable run by the grader's code or a library's for no one it
+                    # names (ctypes.memmove run by the garbage collector through weakref.finalize, or
+                    # given as the exercise's function: red team); the grader itself loads no library
+                    # through ctypes, walks no object graph and starts no process as a job runs
+                elif _type(name) is _str and name.startswith(own):
                     where = name[_len(own[0] if name.startswith(own[0]) else own[1]):]
-                else:
-                    where = "<cells>" if name.startswith("<notebook cell") else ""
-                number = frame.f_lineno if where and where != "<cells>" else 0
-            if forging:  # (no frame of code under that name is a library's from now on)
+                    number = frame.f_lineno
+                elif _type(name) is _str and name.startswith("<notebook cell"):
+                    where = "<cells>"
+            if forging:
                 forged.add(normpath(args[1]))
             ran(rule, where, number or 0)
         except Exception:  # noqa: BLE001 - what failed to say where is said all the same (the job
@@ -432,6 +498,8 @@ def watch_runs(package: Path, fd: int) -> None:
         finally:
             framing.discard(thread)
             busy.discard(thread)
+            if event == "open":  # (said or not, by whomever: no one may have it)
+                raise PermissionError("a process's memory is not a file a job may open")  # noqa: B012
 
     say('{"watch": %s}\n' % quote(key))
     sys.addaudithook(hook)

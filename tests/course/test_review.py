@@ -43,6 +43,8 @@ SAMPLES = [
     ("from concurrent import futures", "processes"), ("_thread.start_new_thread(f, ())", "processes"),
     ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
     ("A.__array_interface__ = {'data': (address, False), 'shape': (9,), 'typestr': '<f8'}", "raw memory"),
+    # (red team, round 9: the name as a dict's key, a string, which is otherwise not read)
+    ("X = type('X', (), {'__array_interface__': {'data': (address, False), 'shape': (8,)}})", "raw memory"),
 ]
 
 
@@ -377,8 +379,8 @@ def test_code_a_library_renames_after_a_librarys_file_is_the_jobs(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[1] == "-", lines
     got = [json.loads(line) for line in lines[2:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("code objects", "mod/__init__.py", 8),
-                                                               ("hooks", "", 0)], got
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [  # (code.py runs its caller's source)
+        ("dynamic code", "mod/__init__.py", 7), ("code objects", "mod/__init__.py", 8), ("hooks", "", 0)], got
 
 
 SWAPS = """\
@@ -512,3 +514,65 @@ def test_code_of_the_jobs_run_by_the_watch_is_seen_and_cannot_silence_it(tmp_pat
         assert [(g["ran"], g["file"], g["line"]) for g in got] == [("ctypes", "mod/__init__.py", 18)], got
     else:
         assert [(g["ran"], g["file"]) for g in got] == [("gc", "")], got
+
+
+# (round 9) each: the job's module, what the run calls, and what the watch says as it runs
+ROUND_9 = {
+    # inspect hands its caller's frame, and the grader's behind it, to the job
+    "currentframe": ("from inspect import currentframe\ndef run():\n    return currentframe().f_back\n",
+                     [("hooks", "mod/__init__.py", 3)]),
+    # a traceback's, a generator's frame
+    "tb_frame": ("def run():\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n"
+                 "        return e.__traceback__.tb_frame\n", [("hooks", "mod/__init__.py", 5)]),
+    # code.py compiles and runs its caller's source
+    "runsource": ("import code\ndef run():\n    code.InteractiveInterpreter({}).runsource('x = 1')\n",
+                  [("dynamic code", "mod/__init__.py", 3)]),
+    # functools sets the attribute its caller names, __code__ too
+    "update_wrapper": ("import colorsys, functools\ndef run():\n"
+                       "    functools.update_wrapper(colorsys.hls_to_rgb, lambda h, l, s: 0, ('__code__',), ())\n",
+                       [("code objects", "mod/__init__.py", 3)]),
+    # a process's memory, by its name or a link to it: refused, and said
+    "memory": ("import os, tempfile\ndef run():\n    link = os.path.join(tempfile.mkdtemp(), 'm')\n"
+               "    os.symlink('/proc/self/mem', link)\n"
+               "    for path in ('/proc/self/mem', link, '/proc/%d/mem' % os.getpid()):\n"
+               "        try:\n            open(path, 'r+b')\n        except PermissionError:\n            continue\n"
+               "        raise AssertionError(path)\n", [("raw memory", "mod/__init__.py", 7)]),
+    # what libraries do for themselves, called by the job: nothing to say
+    "honest": ("import enum, inspect, traceback, typing\ndef run():\n    try:\n        1 / 0\n"
+               "    except ZeroDivisionError:\n        traceback.format_exc()\n"
+               "    inspect.signature(run); typing.NamedTuple('P', [('a', int)]); enum.Enum('E', 'a b')\n", []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUND_9))
+def test_what_round_9_did_unseen_is_seen(tmp_path, case):
+    """Red team, round 9: frames handed out by inspect or read through a traceback, code run from
+    a string by code.py, a code swap through functools.update_wrapper, and a process's memory
+    file, each went unseen (at full marks); what libraries do for themselves stays unseen."""
+    source, expected = ROUND_9[case]
+    pkg, _ = _job_package(tmp_path, source)
+    out = _watched(pkg, "import mod\nmod.run()")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == expected, got
+
+
+def test_a_jobs_callable_run_by_the_grader_is_the_jobs(tmp_path):
+    """Red team, round 9: a C callable of the job's run from the grader's frames -- by the garbage
+    collector through weakref.finalize, or handed to the grader as an exercise's function -- was
+    taken for the grader's own call (ctypes.memmove wrote to memory unseen).  The grader loads no
+    library through ctypes and walks no object graph as a job runs: these are the job's."""
+    pkg, _ = _job_package(tmp_path, "")
+    out = _watched(pkg, "import ctypes, functools, gc, weakref\n"
+                        "from attn_course import worker\n"
+                        "class C:\n    pass\n"
+                        "o = C(); o.me = o\n"
+                        "weakref.finalize(o, gc.get_objects)\n"
+                        "del o\n"
+                        "worker.as_graded(gc.collect)()\n"
+                        "worker.as_graded(functools.partial(ctypes.CDLL, None))\n"
+                        "try:\n    worker.as_graded(functools.partial(ctypes.CDLL, None))()\n"
+                        "except Exception:\n    pass\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("gc", "", 0), ("ctypes", "", 0)], got
