@@ -235,20 +235,37 @@ _OWN = [("<notebook cell",)]  # where the job's own code lives (its package's fo
 _SWAPS_WATCHED = [False]
 
 
+_FUNCTIONS = [Namespaces(frozenset(), ())]  # the functions that exist before any job (note_functions)
+# the libraries that give a function they have just made its defaults or code, whenever they are
+# called (namedtuple the defaults of its __new__; types.coroutine the flags of a generator's code)
+SETS_UP_ITS_OWN = ("collections/__init__", "types")
+
+
+def note_functions(since_freeze: bool = False) -> None:
+    """Holds every function there is now (``since_freeze``: those the collector still sees, made
+    since :func:`gc.freeze`): they existed before any job (:func:`watch_code_swaps`).  The
+    server notes them before it freezes what it imported, the template again after a warm-up."""
+    import gc
+
+    found = [o for o in gc.get_objects() if type(o) is types.FunctionType]
+    _FUNCTIONS[0] = _FUNCTIONS[0].add([f for f in found if id(f) not in _FUNCTIONS[0].ids] if since_freeze else found)
+
+
 def watch_code_swaps(package: Path) -> None:
     """From now on, this process notes (:data:`SWAPPED`) code swapped in functions not of
     ``package`` (or of a notebook's cells).
 
     A function's ``__code__``, ``__defaults__`` or ``__kwdefaults__`` replaced counts where the
-    function's code is a module's file other than the job's own, or a frozen module's (``os``,
-    ``posixpath``: a function Python made from a string -- namedtuple's ``__new__``, given its
-    defaults as a class is made -- has no file), and
-    either its module was loaded before the job, or the job replaced it: a library loaded by the
-    job's import, setting up a function of its own as it is made, is passed (pyparsing gives its
-    new functions defaults, :func:`types.coroutine` sets asyncio's ``__sleep0``'s code: an honest
-    ``import matplotlib`` or ``tqdm.auto`` made every exercise 0: red team, round 8).  Set up by
-    a library means the frame that assigns is a library's whose code names the attribute, as a
-    library module is imported (``being_set_up``).
+    function is not the job's own (its code's file is not the package's, nor a cell's), whatever
+    its file: a function Python made from a string (a namedtuple's or a dataclass's methods, JAX's
+    among them) is as much the grader's as any (red team, round 9: JAX's DebugInfo.__new__, run
+    as it traces, was not seen).  It counts where the function existed before the job (it was
+    noted, :func:`note_functions`, or its module was loaded before), or where the job replaced
+    it: a library setting up a function it has just made is passed -- as a library module is
+    imported (pyparsing gives its new functions defaults, :func:`types.coroutine` sets asyncio's
+    ``__sleep0``'s code: an honest ``import matplotlib`` or ``tqdm.auto`` made every exercise 0:
+    red team, round 8), or namedtuple and types.coroutine at any time (SETS_UP_ITS_OWN).  Set up
+    by a library means the frame that assigns is a library's whose code names the attribute.
 
     :mod:`attn_course.tamper` compares the code of only some modules' functions (reading every
     function's costs each job about 6 ms of copied pages); Python announces every such
@@ -259,18 +276,25 @@ def watch_code_swaps(package: Path) -> None:
     if _SWAPS_WATCHED[0]:
         return
     before = namespaces(refresh=False)[1].ids  # (every module's, as the job began)
+    existed = _FUNCTIONS[0].ids
     is_library = library_frames().is_library
     own, swapped, attributes = _OWN, SWAPPED, SWAPPED_ATTRIBUTES
     function, _type, _str, _id, _len, _getattr = types.FunctionType, type, str, id, len, getattr
-    getframe, frozen = sys._getframe, FROZEN
+    getframe, normpath = sys._getframe, _normpath
+    stdlib = os.path.dirname(os.__file__)
+    sets_up_its_own = frozenset(normpath(os.path.join(stdlib, n + ".py")) for n in SETS_UP_ITS_OWN)
 
     def being_set_up(frame, attribute: str) -> bool:
-        """Whether ``frame`` (a library's, whose code names ``attribute``) assigns as a library
-        module is imported: a module's frame of a library's comes before any other on its stack
-        (a library's function called at run time with what the job chose -- decorator's or
-        prometheus_client's ``FunctionMaker.update`` sets any function's defaults -- is not)."""
+        """Whether ``frame`` (a library's, whose code names ``attribute``) sets up a function it
+        has just made: one of SETS_UP_ITS_OWN, or any as a library module is imported (a module's
+        frame of a library's comes before any other on its stack: a library's function called at
+        run time with what the job chose -- decorator's or prometheus_client's
+        ``FunctionMaker.update`` sets any function's defaults, pydevd's any function's code --
+        is not)."""
         if not (is_library(frame) and attribute in frame.f_code.co_names):
             return False
+        if normpath(frame.f_code.co_filename) in sets_up_its_own:
+            return True
         while frame is not None and is_library(frame):
             if frame.f_code.co_name == "<module>":
                 return True
@@ -284,11 +308,12 @@ def watch_code_swaps(package: Path) -> None:
         if _type(fn) is not function:  # (first: another object's attributes are not read, its class neither)
             return
         where = fn.__code__.co_filename
-        if not (_type(where) is _str and (where.startswith("/") or where.startswith(frozen))
-                and not where.startswith(own[0])) or swapped[0]:
+        if (_type(where) is _str and where.startswith(own[0])) or swapped[0]:
             return
         try:
-            if _id(fn.__globals__) not in before and being_set_up(getframe(1), args[1]):
+            old = _id(fn) in existed or (_type(where) is _str and (where.startswith("/") or where.startswith(FROZEN))
+                                         and _id(fn.__globals__) in before)
+            if not old and being_set_up(getframe(1), args[1]):
                 return
         except Exception:  # noqa: BLE001 - (a library's, or not: counted)
             pass

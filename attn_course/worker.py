@@ -1236,6 +1236,7 @@ def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool 
         if "warm" in order:
             if warm.warm({(tuple(shape), dtype) for shape, dtype in order["warm"]}, warmed):
                 _BASELINE = tamper.take()  # (only where it traced something new)
+                watch.note_functions(since_freeze=True)
             sock.send(json.dumps({"backend": warm.backend_started()}).encode())
             continue
         (results,) = fds
@@ -1341,6 +1342,7 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
 
     all_exercises()
     warm.prime()
+    watch.note_functions()  # (what a job may not change the code of: the collector sees them now only)
     # what is imported lives as long as the server: out of the collector's sight (its own and its
     # children's: a job's collections no longer walk JAX's modules)
     gc.freeze()

@@ -394,8 +394,14 @@ def old():  # a library's own assignment, to a (generator) function of a module 
     gen = min(f.__name__ for f in vars(os).values() if isinstance(f, types.FunctionType) and f.__code__.co_flags & 0x20)
     types.coroutine(getattr(os, gen))
     return gen
-def at_run_time():  # the same library's own assignment, called by the job, not as a module loads
-    types.coroutine(difflib.unified_diff)
+def at_run_time():  # a library's assignment of what its caller gives it, not as a module loads
+    from hypothesis.internal.reflection import impersonate
+    impersonate(difflib.ndiff)(difflib.unified_diff)
+def string_made():  # a function Python made from a string (a namedtuple's __new__), there before the job
+    functools._CacheInfo.__new__.__defaults__ = (0, 0, 0, 0)
+def made_now():  # a namedtuple the job makes, given its defaults by namedtuple
+    import collections
+    collections.namedtuple("P", "a b", defaults=(1,))
 def own():
     own.__defaults__ = (1,)
 """
@@ -407,8 +413,8 @@ def test_code_swapped_in_a_function_not_the_jobs_is_seen_but_a_librarys_own_set_
     their own as they load.  Only a library's own assignment (its frame names the attribute), as a
     library module loads, to a function of a module loaded since the job began passes; the job's
     own, a library's to a function that was there before, or a library's called by the job at run
-    time (types.coroutine here; decorator's FunctionMaker.update sets any function's defaults) is
-    seen (attn_course.watch.watch_code_swaps)."""
+    time (hypothesis's impersonate here; decorator's FunctionMaker.update sets any function's
+    defaults) is seen (attn_course.watch.watch_code_swaps)."""
     import subprocess
     import sys
 
@@ -416,20 +422,22 @@ def test_code_swapped_in_a_function_not_the_jobs_is_seen_but_a_librarys_own_set_
     script = (f"import os, pathlib, sys; sys.path[:0] = {[str(ROOT), str(pkg)]!r}\n"
               "assert not {'asyncio', 'colorsys', 'difflib', 'pyparsing'} & set(sys.modules)\n"
               "from attn_course import watch\n"
+              "watch.note_functions()  # (as the server does)\n"
               f"watch.watch_code_swaps(pathlib.Path({str(pkg)!r}))\n"
               "def seen():\n"
               "    found, watch.SWAPPED[0] = watch.SWAPPED[0], ''\n"
               "    return found\n"
               "import mod\n"
-              "print([seen()] + [(getattr(mod, f)(), seen()) for f in ('new', 'through_a_library', 'old', 'at_run_time', 'own')])\n")
+              "print([seen()] + [(getattr(mod, f)(), seen()) for f in ('new', 'through_a_library', 'old', 'at_run_time', 'string_made', 'made_now', 'own')])\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     import ast
 
     got = ast.literal_eval(out.stdout)
     gen = got[3][0]
-    assert got == ["", (None, "colorsys.rgb_to_hsv"), (None, "colorsys.hls_to_rgb"), (gen, f"os.{gen}"),
-                   (None, "difflib.unified_diff"), (None, "")], got
+    assert "__new__" in got[5][1], got  # (named as namedtuple names it)
+    assert got[:5] + got[6:] == ["", (None, "colorsys.rgb_to_hsv"), (None, "colorsys.hls_to_rgb"), (gen, f"os.{gen}"),
+                                 (None, "difflib.unified_diff"), (None, ""), (None, "")], got
 
 
 def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
