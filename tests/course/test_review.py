@@ -142,6 +142,18 @@ def _watched(pkg, run: str, *paths):
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
 
 
+def _seen(pkg, run: str, *paths, after: str = "") -> list[tuple[str, str, int]]:
+    """What the watch said as ``run`` ran (:func:`_watched`), as (rule, file, line): after
+    ``after`` (honest code, about which it must say nothing) where given."""
+    out = _watched(pkg, f"{after}\nos.write(w, b'-\\n')\n{run}" if after else run, *paths)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()[1:]
+    if after:
+        assert lines[:1] == ["-"], lines
+        lines = lines[1:]
+    return [(g["ran"], g["file"], g["line"]) for g in map(json.loads, lines)]
+
+
 def _job_package(tmp_path, source: str):
     """A job's package ``pkg`` whose module ``mod`` is ``source``, and an empty folder ``elsewhere``
     (for code of the job's outside its package), both under ``tmp_path``."""
@@ -349,13 +361,8 @@ def test_code_a_job_compiles_under_a_librarys_name_is_its_own(tmp_path):
         "def forged():\n"
         "    code.InteractiveInterpreter(inspect.__dict__).runsource(SRC, os.__file__, 'exec')\n"
         "    return inspect.__dict__['peek']()\n")
-    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.forged()")
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()
-    assert lines[1] == "-", lines
-    got = [json.loads(line) for line in lines[2:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("dynamic code", "mod/__init__.py", 6),
-                                                               ("hooks", "", 0)], got
+    got = _seen(pkg, "mod.forged()", after="import mod\nmod.honest()")
+    assert got == [("dynamic code", "mod/__init__.py", 6), ("hooks", "", 0)], got
 
 
 def test_code_a_library_renames_after_a_librarys_file_is_the_jobs(tmp_path):
@@ -374,12 +381,8 @@ def test_code_a_library_renames_after_a_librarys_file_is_the_jobs(tmp_path):
         "    code.InteractiveInterpreter(inspect.__dict__).runsource(SRC, '<input>', 'exec')\n"
         "    impersonate(inspect.getmembers)(inspect.__dict__['peek'])\n"
         "    return inspect.__dict__['peek']()\n")
-    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.renamed()")
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()
-    assert lines[1] == "-", lines
-    got = [json.loads(line) for line in lines[2:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [  # (code.py runs its caller's source)
+    got = _seen(pkg, "mod.renamed()", after="import mod\nmod.honest()")
+    assert got == [  # (code.py runs its caller's source)
         ("dynamic code", "mod/__init__.py", 7), ("code objects", "mod/__init__.py", 8), ("hooks", "", 0)], got
 
 
@@ -463,11 +466,8 @@ def test_what_the_watch_calls_cannot_be_rebound_by_the_job(tmp_path):
         "def peek(path):\n"
         "    exec(compile('import sys\\ndef peek():\\n    return sys._getframe(0)\\n', path, 'exec'), inspect.__dict__)\n"
         "    return inspect.__dict__['peek']()\n")
-    out = _watched(pkg, f"import mod\nmod.rebind(); mod.thread(); mod.peek({str(elsewhere / 'x.py')!r})")
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [
-        ("ctypes", "", 0), ("dynamic code", "mod/__init__.py", 15), ("hooks", "", 0)], got
+    got = _seen(pkg, f"import mod\nmod.rebind(); mod.thread(); mod.peek({str(elsewhere / 'x.py')!r})")
+    assert got == [("ctypes", "", 0), ("dynamic code", "mod/__init__.py", 15), ("hooks", "", 0)], got
 
 
 INSIDE = """\
@@ -559,10 +559,8 @@ def test_what_round_9_did_unseen_is_seen(tmp_path, case):
     file, each went unseen (at full marks); what libraries do for themselves stays unseen."""
     source, expected = ROUND_9[case]
     pkg, _ = _job_package(tmp_path, source)
-    out = _watched(pkg, "import mod\nmod.run()")
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == expected, got
+    got = _seen(pkg, "import mod\nmod.run()")
+    assert got == expected, got
 
 
 def test_a_jobs_callable_run_by_the_grader_is_the_jobs(tmp_path):
@@ -571,16 +569,13 @@ def test_a_jobs_callable_run_by_the_grader_is_the_jobs(tmp_path):
     taken for the grader's own call (ctypes.memmove wrote to memory unseen).  The grader loads no
     library through ctypes and walks no object graph as a job runs: these are the job's."""
     pkg, _ = _job_package(tmp_path, "")
-    out = _watched(pkg, "import ctypes, functools, gc, weakref\n"
-                        "from attn_course import worker\n"
-                        "class C:\n    pass\n"
-                        "o = C(); o.me = o\n"
-                        "weakref.finalize(o, gc.get_objects)\n"
-                        "del o\n"
-                        "worker.as_graded(gc.collect)()\n"
-                        "worker.as_graded(functools.partial(ctypes.CDLL, None))\n"
-                        "try:\n    worker.as_graded(functools.partial(ctypes.CDLL, None))()\n"
-                        "except Exception:\n    pass\n")
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("gc", "", 0), ("ctypes", "", 0)], got
+    got = _seen(pkg, "import ctypes, functools, gc, weakref\n"
+                     "from attn_course import worker\n"
+                     "class C:\n    pass\n"
+                     "o = C(); o.me = o\n"
+                     "weakref.finalize(o, gc.get_objects)\n"
+                     "del o\n"
+                     "worker.as_graded(gc.collect)()\n"
+                     "try:\n    worker.as_graded(functools.partial(ctypes.CDLL, None))()\n"
+                     "except Exception:\n    pass\n")
+    assert got == [("gc", "", 0), ("ctypes", "", 0)], got
