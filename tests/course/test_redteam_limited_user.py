@@ -35,13 +35,18 @@ REACH = """
 import sys as _sys
 if _os.getuid() == 0 or _os.geteuid() == 0:
     found.append('runs as root')
-for _path in ({secret!r}, '/proc/{grader}/environ', '/proc/{grader}/mem', '/proc/1/environ'):
+for _path in ({secret!r}, '/proc/{grader}/environ', '/proc/1/environ'):
     try:
         with open(_path, 'rb') as _f:
             _f.read(1)
         found.append('read ' + _path)
     except OSError:
         pass
+import ctypes as _ct  # (a process's memory past the watch, which refuses it: the kernel's answer)
+_fd = _ct.CDLL(None).open(b'/proc/{grader}/mem', 0)
+if _fd >= 0:
+    found.append('read /proc/{grader}/mem')
+    _os.close(_fd)
 try:
     open(_os.path.join(_sys.prefix, 'planted_by_a_job.py'), 'w').close()
     found.append('wrote into the Python environment')

@@ -154,8 +154,11 @@ def _intrusions():
     for req in (16, 0x4206):                             # PTRACE_ATTACH, PTRACE_SEIZE
         if libc.syscall(101 if _os.uname().machine == 'x86_64' else 117, req, 1, 0, 0) == 0:
             got.append(f'ptrace {req}')
-    for path, mode in (('/proc/1/mem', 'r+b'), ('/proc/1/fd/0', 'wb'), ('/proc/1/fd/1', 'rb'),
-                       ('/proc/1/environ', 'rb'), ('/proc/1/map_files', 'rb')):
+    fd = libc.open(b'/proc/1/mem', 2)                   # (past the watch, which refuses it: the kernel's answer)
+    if fd >= 0:
+        got.append('/proc/1/mem')
+        _os.close(fd)
+    for path, mode in (('/proc/1/fd/0', 'wb'), ('/proc/1/fd/1', 'rb'), ('/proc/1/environ', 'rb'), ('/proc/1/map_files', 'rb')):
         try:
             open(path, mode).close()
             got.append(path)
@@ -239,20 +242,16 @@ def log_partition_function(S, mask=None, T=1.0):
 SOURCE_SPY = r"""
 import re as _re
 _honest_entropy = entropy
-def _memory(pattern):
+def _memory(pattern):  # (every writable page of the process, read through ctypes: /proc/self/mem is refused)
+    import ctypes as _ct
     pat, hits = _re.compile(pattern), []
-    with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
+    with open('/proc/self/maps') as maps:
         for ln in maps:
             parts = ln.split()
             a, b = (int(x, 16) for x in parts[0].split('-'))
             if not parts[1].startswith('rw') or b - a > 1 << 30:
                 continue
-            try:
-                mem.seek(a)
-                data = mem.read(b - a)
-            except (OSError, ValueError, OverflowError):
-                continue
-            hits += [m.group(0) for m in pat.finditer(data)]
+            hits += [m.group(0) for m in pat.finditer(_ct.string_at(a, b - a))]
     return hits
 def entropy(A, mask=None):
     found = _memory(rb'PRIVATE-OF-STUDENT-A:[0-9a-f]{32}')

@@ -261,7 +261,11 @@ def _intrusions():
     for req in (16, 0x4206):                             # PTRACE_ATTACH, PTRACE_SEIZE
         if libc.syscall(101 if x86 else 117, req, t, 0, 0) == 0:
             got.append(f'ptrace {req}')
-    for path, mode in ((f'/proc/{t}/mem', 'rb'), (f'/proc/{t}/environ', 'rb'), (f'/proc/{t}/fd/3', 'rb'),
+    fd = libc.open(f'/proc/{t}/mem'.encode(), 0)         # (past the watch, which refuses it: the kernel's answer)
+    if fd >= 0:
+        got.append(f'/proc/{t}/mem')
+        _os.close(fd)
+    for path, mode in ((f'/proc/{t}/environ', 'rb'), (f'/proc/{t}/fd/3', 'rb'),
                        (f'/proc/{t}/fd/0', 'wb'), (f'/proc/{t}/fd/1', 'rb')):
         try:
             open(path, mode).close()
