@@ -138,22 +138,29 @@ def _library_module(m, libraries: tuple[str, ...], _type=type, _str=str, isfile=
     return origin.startswith(libraries) and origin.endswith((".py", ".so")) and isfile(origin)
 
 
-class Namespaces(NamedTuple):
-    """Module namespaces (``__dict__``), held, and the set of their ids."""
+class Held(NamedTuple):
+    """Objects held (module namespaces, functions), and the set of their ids."""
 
     ids: frozenset
     held: tuple
 
-    def add(self, found: list) -> "Namespaces":
-        return Namespaces(self.ids | {id(n) for n in found}, self.held + tuple(found)) if found else self
+    def add(self, found: list) -> "Held":
+        """These and ``found`` (those not here already)."""
+        found = [o for o in found if id(o) not in self.ids]
+        return Held(self.ids | {id(o) for o in found}, self.held + tuple(found)) if found else self
+
+
+def _stdlib_files(names) -> frozenset[str]:
+    """The files of these modules of the standard library (``collections/__init__`` for a package)."""
+    return frozenset(_normpath(os.path.join(os.path.dirname(os.__file__), n + ".py")) for n in names)
 
 
 _SEEN: dict[str, object] = {}  # a module's name -> the module looked at (namespaces)
-_LIBRARY = [Namespaces(frozenset(), ())]  # the library modules' (namespaces)
-_EVERY = [Namespaces(frozenset(), ())]  # every module's (namespaces)
+_LIBRARY = [Held(frozenset(), ())]  # the library modules' (namespaces)
+_EVERY = [Held(frozenset(), ())]  # every module's (namespaces)
 
 
-def namespaces(refresh: bool = True) -> tuple[Namespaces, Namespaces]:
+def namespaces(refresh: bool = True) -> tuple[Held, Held]:
     """The namespaces of the library modules loaded so far (:func:`_library_module`), and of every module.
 
     Each module is looked at once: the template refreshes them before each
@@ -235,20 +242,19 @@ _OWN = [("<notebook cell",)]  # where the job's own code lives (its package's fo
 _SWAPS_WATCHED = [False]
 
 
-_FUNCTIONS = [Namespaces(frozenset(), ())]  # the functions that exist before any job (note_functions)
+_FUNCTIONS = [Held(frozenset(), ())]  # the functions that exist before any job (note_functions)
 # the libraries that give a function they have just made its defaults or code, whenever they are
 # called (namedtuple the defaults of its __new__; types.coroutine the flags of a generator's code)
 SETS_UP_ITS_OWN = ("collections/__init__", "types")
 
 
-def note_functions(since_freeze: bool = False) -> None:
-    """Holds every function there is now (``since_freeze``: those the collector still sees, made
-    since :func:`gc.freeze`): they existed before any job (:func:`watch_code_swaps`).  The
-    server notes them before it freezes what it imported, the template again after a warm-up."""
+def note_functions() -> None:
+    """Holds every function the collector sees now: they existed before any job
+    (:func:`watch_code_swaps`).  The server notes them before it freezes what it imported (the
+    collector no longer sees those), the template again after a warm-up (what it made since)."""
     import gc
 
-    found = [o for o in gc.get_objects() if type(o) is types.FunctionType]
-    _FUNCTIONS[0] = _FUNCTIONS[0].add([f for f in found if id(f) not in _FUNCTIONS[0].ids] if since_freeze else found)
+    _FUNCTIONS[0] = _FUNCTIONS[0].add([o for o in gc.get_objects() if type(o) is types.FunctionType])
 
 
 def watch_code_swaps(package: Path) -> None:
@@ -280,9 +286,7 @@ def watch_code_swaps(package: Path) -> None:
     is_library = library_frames().is_library
     own, swapped, attributes = _OWN, SWAPPED, SWAPPED_ATTRIBUTES
     function, _type, _str, _id, _len, _getattr = types.FunctionType, type, str, id, len, getattr
-    getframe, normpath = sys._getframe, _normpath
-    stdlib = os.path.dirname(os.__file__)
-    sets_up_its_own = frozenset(normpath(os.path.join(stdlib, n + ".py")) for n in SETS_UP_ITS_OWN)
+    getframe, normpath, sets_up_its_own = sys._getframe, _normpath, _stdlib_files(SETS_UP_ITS_OWN)
 
     def being_set_up(frame, attribute: str) -> bool:
         """Whether ``frame`` (a library's, whose code names ``attribute``) sets up a function it
@@ -374,9 +378,7 @@ def watch_runs(package: Path, fd: int) -> None:
     # the hook busy hide the main one's calls)
 
     frame_attributes, frame_type = FRAME_ATTRIBUTES, types.FrameType
-    stdlib = os.path.dirname(os.__file__)
-    run_source = frozenset(normpath(os.path.join(stdlib, n + ".py")) for n in RUN_CALLERS_SOURCE)
-    read_name = frozenset(normpath(os.path.join(stdlib, n + ".py")) for n in READ_CALLERS_NAME)
+    run_source, read_name = _stdlib_files(RUN_CALLERS_SOURCE), _stdlib_files(READ_CALLERS_NAME)
     proc, fsdecode, creates = stat("/proc/self").st_dev, os.fsdecode, os.O_CREAT
     importing = "<frozen importlib."
 
@@ -467,7 +469,8 @@ def watch_runs(package: Path, fd: int) -> None:
         try:
             forging = forges(event, args)
             if forging and event == "compile":  # (no frame of code under that name is a library's
-                forged.add(normpath(args[1]))   # from now on, whoever asked for it)
+                forged.add(normpath(args[1]))   # from now on, whoever asked for it; a renamed copy's,
+                # below, once no library's module made it as it loaded)
             if forging:  # the job's, past libraries (a library compiling its own file reads its text)
                 past_libraries = True
             elif rule in said:
@@ -515,7 +518,7 @@ def watch_runs(package: Path, fd: int) -> None:
                     number = frame.f_lineno
                 elif _type(name) is _str and name.startswith("<notebook cell"):
                     where = "<cells>"
-            if forging:
+            if forging and event == "code.__new__":
                 forged.add(normpath(args[1]))
             ran(rule, where, number or 0)
         except Exception:  # noqa: BLE001 - what failed to say where is said all the same (the job

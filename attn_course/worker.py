@@ -39,7 +39,6 @@ import stat
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -1236,7 +1235,7 @@ def _template(sock, server: int, work: Path, devnull: int, libc, confined: bool 
         if "warm" in order:
             if warm.warm({(tuple(shape), dtype) for shape, dtype in order["warm"]}, warmed):
                 _BASELINE = tamper.take()  # (only where it traced something new)
-                watch.note_functions(since_freeze=True)
+                watch.note_functions()
             sock.send(json.dumps({"backend": warm.backend_started()}).encode())
             continue
         (results,) = fds
