@@ -271,10 +271,8 @@ def test_the_watch_sees_through_threads_rebinding_and_names_of_libraries(tmp_pat
         "    finally:\n"
         "        os.write = write\n")
     (elsewhere / "hidden.pyc").write_bytes(_pyc(PEEK, "<frozen numpy._hidden>"))
-    out = _watched(pkg, "import mod, hidden\nmod.threaded(); mod.rebound(); hidden.peek()", elsewhere)
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [  # (hidden.pyc's import, from the script)
+    got = _seen(pkg, "import mod, hidden\nmod.threaded(); mod.rebound(); hidden.peek()", elsewhere)
+    assert got == [  # (hidden.pyc's import, from the script)
         ("code objects", "", 0), ("ctypes", "", 0), ("gc", "mod/__init__.py", 9), ("hooks", "", 0)], got
 
 
@@ -303,12 +301,9 @@ def test_compiled_code_the_job_imports_is_seen_whatever_it_claims_to_be(tmp_path
     else:
         (elsewhere / "hidden.pyc").write_bytes(pyc)
         path = elsewhere
-    out = _watched(pkg, "import mod\nmod.honest(); os.write(w, b'-\\n'); mod.smuggle()", path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()
-    assert lines[1] == "-", lines  # a library's compiled files (email's, from its cache) are its own
-    got = [json.loads(line) for line in lines[2:]]
-    assert [(g["ran"], g["file"], g["line"]) for g in got] == [("code objects", "mod/__init__.py", 3)], got
+    # (after: a library's compiled files, email's from its cache, are its own)
+    got = _seen(pkg, "mod.smuggle()", path, after="import mod\nmod.honest()")
+    assert got == [("code objects", "mod/__init__.py", 3)], got
 
 
 def test_a_library_that_calls_what_the_job_gave_it_does_the_jobs_doing(tmp_path):
@@ -326,12 +321,9 @@ def test_a_library_that_calls_what_the_job_gave_it_does_the_jobs_doing(tmp_path)
         "    with contextlib.ExitStack() as stack:\n"
         "        stack.callback(sys._getframe, 0)\n"
         "        stack.callback(exec, 'x = 1')\n")
-    out = _watched(pkg, "import mod\nmod.routed()")
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
-    assert [(g["ran"], g["file"]) for g in got] == [("dynamic code", "mod/__init__.py"),
-                                                    ("hooks", "mod/__init__.py")], got
-    assert [g["line"] for g in got] == [4, 4], got  # (the with statement, whose end ran them)
+    got = _seen(pkg, "import mod\nmod.routed()")
+    assert got == [("dynamic code", "mod/__init__.py", 4),  # (the with statement, whose end ran them)
+                   ("hooks", "mod/__init__.py", 4)], got
 
 
 def test_a_module_on_a_path_through_a_librarys_folder_is_the_jobs(tmp_path):
@@ -341,10 +333,8 @@ def test_a_module_on_a_path_through_a_librarys_folder_is_the_jobs(tmp_path):
     pkg, elsewhere = _job_package(tmp_path, "def run():\n    import sneaky\n    return sneaky.call()\n")
     (elsewhere / "sneaky.py").write_text("import ctypes\ndef call():\n    return ctypes.CDLL(None).getpid()\n")
     through = os.path.dirname(os.__file__) + "/.." * 12 + str(elsewhere)
-    out = _watched(pkg, f"sys.path.insert(0, {through!r})\nimport mod\nmod.run()")
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
-    assert [(g["ran"], g["file"]) for g in got] == [("ctypes", "")], got
+    got = _seen(pkg, f"sys.path.insert(0, {through!r})\nimport mod\nmod.run()")
+    assert [(rule, where) for rule, where, _ in got] == [("ctypes", "")], got
 
 
 def test_code_a_job_compiles_under_a_librarys_name_is_its_own(tmp_path):
@@ -513,15 +503,13 @@ def test_code_of_the_jobs_run_by_the_watch_is_seen_and_cannot_silence_it(tmp_pat
     job's code does there is seen; and while the hook runs in one thread, another's calls are seen
     (holding it was enough to hide them)."""
     pkg, _ = _job_package(tmp_path, f"ACT = {act!r}\n" + INSIDE)
-    out = _watched(pkg, "import mod\n" + ("mod.held()" if act == "hold" else "mod.run()"))
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [json.loads(line) for line in out.stdout.splitlines()[1:]]
+    got = _seen(pkg, "import mod\n" + ("mod.held()" if act == "hold" else "mod.run()"))
     if act == "raise":  # (every event whose walk meets sched's frames, its import's too)
-        assert "hooks" in {g["ran"] for g in got} and {g["file"] for g in got} == {""}, got
+        assert "hooks" in {rule for rule, _, _ in got} and {where for _, where, _ in got} == {""}, got
     elif act == "hold":
-        assert [(g["ran"], g["file"], g["line"]) for g in got] == [("ctypes", "mod/__init__.py", 18)], got
+        assert got == [("ctypes", "mod/__init__.py", 18)], got
     else:
-        assert [(g["ran"], g["file"]) for g in got] == [("gc", "")], got
+        assert [(rule, where) for rule, where, _ in got] == [("gc", "")], got
 
 
 # (round 9) each: the job's module, what the run calls, and what the watch says as it runs
