@@ -4,8 +4,11 @@ Runs ``pytest -n 2 --dist loadfile -p no:nbval -m "not book"`` (the first
 step of ``make test`` without the book's tests) and prints its wall time,
 the CPU time the kernel charged to it and every process it started (a
 cgroup, :mod:`_cpu`; sandboxed workers, Dask workers and notebook kernels
-included), how busy that kept the two cores, and the test files that took
-longest (their tests' durations summed).  Target: at most 240 s of wall time
+included), how busy that kept the two cores, the test files that took
+longest (their tests' durations summed), and the test files that used the
+most CPU time, each with every process its tests started (a cgroup per test,
+``tests/cpu_groups.py``: a red-team batch's worker servers run beside the
+pytest process, whose durations do not show them).  Target: at most 240 s of wall time
 on 2 cores.  The first run after a change of the course's code is partly
 cold (the result cache's keys cover that code): run it twice and read the
 second.  Timings on a shared machine vary by about 10 s from run to run, and
@@ -32,8 +35,10 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cpu import CpuMeter, pace  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests"))
+from cpu_groups import remove_left  # noqa: E402
 
 TARGET_S = 240.0
 DURATION = re.compile(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+?)::")
@@ -62,6 +70,8 @@ def main() -> int:
     env = dict(os.environ, ATTN_REQUIRE_MLX="1", ATTN_REQUIRE_BWRAP="1", PYTHONHASHSEED="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as the Makefile: bytecode caches are written
+    by_test = Path(tempfile.mkdtemp(prefix="attn-bench-cpu-"))
+    env["ATTN_BENCH_CPU_DIR"] = str(by_test)  # each test's CPU time, its processes' included (tests/cpu_groups.py)
     before = pace()
     # started before the meter's group exists: their CPU time is not the suite's
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
@@ -73,6 +83,8 @@ def main() -> int:
         wall = time.perf_counter() - t
         cpu = meter.seconds()
     finally:
+        if meter.group is not None:
+            remove_left(meter.group)
         meter.close()
         for p in busy:
             p.kill()
@@ -105,6 +117,12 @@ def main() -> int:
           f" the suite's wall is {wall / mean:.0f} paces" + (f", its CPU {cpu / mean:.0f}" if cpu is not None else ""))
     for f, s in per_file.most_common(a.top):
         print(f"  {s:6.1f} s  {f}")
+    cpu_by_file = _cpu_by_file(by_test)
+    if cpu_by_file:
+        print(f"  CPU time by test file, every process its tests started included (cgroups; "
+              f"{sum(cpu_by_file.values()):.0f} core-s in all):")
+        for f, s in cpu_by_file.most_common(a.top):
+            print(f"  {s:6.1f} core-s  {f}")
     if a.record and r.returncode == 0:
         path = ROOT / "tests" / "durations.json"
         path.write_text(json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n")
@@ -116,6 +134,20 @@ def main() -> int:
         return r.returncode
     print(f"target: at most {TARGET_S:g} s -> {'met' if wall <= TARGET_S else 'NOT met'} ({wall:.1f} s)")
     return r.returncode
+
+
+def _cpu_by_file(folder: Path) -> collections.Counter:
+    """CPU seconds per test file from each pytest process's file of tests/cpu_groups.py (empty
+    where no group could be made); the folder is removed."""
+    per_file: collections.Counter = collections.Counter()
+    for path in folder.glob("*.json"):
+        try:
+            for nodeid, seconds in json.loads(path.read_text()).items():
+                per_file[nodeid.split("::", 1)[0]] += seconds
+        except (OSError, ValueError):
+            continue
+    shutil.rmtree(folder, ignore_errors=True)
+    return per_file
 
 
 if __name__ == "__main__":

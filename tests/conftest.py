@@ -237,3 +237,23 @@ def pytest_runtestloop(session):
     with what the imports made out of its sight (gc.freeze: it lives for the session anyway)."""
     gc.freeze()
     gc.enable()
+
+
+# benchmarks/bench_suite.py: each test's CPU time with every process it starts (tests/cpu_groups.py)
+_CPU_GROUPS = None
+if os.environ.get("ATTN_BENCH_CPU_DIR"):
+    from cpu_groups import CpuGroups
+
+    _CPU_GROUPS = CpuGroups(os.environ["ATTN_BENCH_CPU_DIR"])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _CPU_GROUPS is not None:
+        _CPU_GROUPS.enter(item.nodeid)
+    yield
+
+
+def pytest_sessionfinish(session):
+    if _CPU_GROUPS is not None:
+        _CPU_GROUPS.finish()
