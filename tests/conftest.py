@@ -65,6 +65,16 @@ from attn_course.mlir_context import share_mlir_context as _share  # noqa: E402
 
 _share()
 
+# jnp.where staged inline in every program of every pytest process, from the start (the grader's
+# evaluate_job makes it so in the process that calls it: attn_course.inline_where).  It changes a
+# program's text, so its key in the persistent cache: a library test file that ran after a course
+# test in one session and before any in the next (xdist hands files out as workers come free)
+# missed the cache and compiled again (test_gradients and test_flash: 15 s with the cache, 39 s
+# after the other staging).
+from attn_course.inline_where import inline_where as _inline_where  # noqa: E402
+
+_inline_where()
+
 # The expected values and the mistakes catalogue's outputs, computed once for the
 # session and the next ones and shared by every process of the session (pytest's
 # workers, the `attn-course` commands the tests run, nbgrader's kernels), keyed by
