@@ -12,10 +12,23 @@ and the benchmark falls back on wall time x workers.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+
+def own_group() -> Path | None:
+    """This process's cpuacct group (a folder under :data:`ROOT`); None where there is none."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpuacct" in controllers.split(","):
+                return ROOT / path.strip().lstrip("/")
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _sweep(name: str) -> None:
@@ -36,16 +49,17 @@ def _sweep(name: str) -> None:
 class CpuMeter:
     def __init__(self, name: str = "attn-bench"):
         self.group: Path | None = None
-        self._home: str | None = None
+        self._home: Path | None = None
         try:
-            home = next(line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
-                        if "cpuacct" in line.split(":", 2)[1].split(","))
+            home = own_group()
+            if home is None:
+                return
             _sweep(name)
             group = ROOT / f"{name}-{os.getpid()}"
             group.mkdir(exist_ok=True)
             (group / "cgroup.procs").write_text(str(os.getpid()))
             self.group, self._home = group, home
-        except (OSError, StopIteration, IndexError):
+        except OSError:
             self.group = None
 
     def _usage(self) -> float | None:
@@ -69,7 +83,7 @@ class CpuMeter:
         if self.group is None:
             return
         try:
-            (ROOT / self._home.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
+            (self._home / "cgroup.procs").write_text(str(os.getpid()))
             self.group.rmdir()
         except OSError:
             pass
@@ -110,3 +124,72 @@ def pace(runs: int = 5) -> float:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         times.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return statistics.median(times)
+
+
+class CpuGroups:
+    """Each test's CPU time with every process it started (``bench_suite.py``, through ``tests/conftest.py``).
+
+    A test's duration is the wall time of its own pytest process; the worker
+    servers, Dask workers, kernels and commands it starts run beside it (a
+    red-team batch of 38 s showed 2 core-s of its pytest process's own time).
+    Where ``ATTN_BENCH_CPU_DIR`` names a folder, each pytest process moves
+    itself, before each test (:meth:`enter`), into a cpuacct group of that
+    test's own under the group it was in: what the test starts is born there
+    and stays there (a module's fixture's servers count to the test that
+    started them).  :meth:`finish` moves the process back, writes ``{node id:
+    CPU seconds}`` to ``FOLDER/<xdist worker>-<pid>.json`` and removes the
+    empty groups.  Nothing happens where no group can be made (no cgroup v1
+    cpuacct, not root); no verdict depends on it.
+    """
+
+    def __init__(self, folder: str):
+        self.folder = Path(folder)
+        self.home = own_group()
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.groups: list[tuple[str, Path]] = []
+        self.off = self.home is None  # (no group can be made here: the session runs as it would without)
+
+    def enter(self, nodeid: str) -> None:
+        """Move this process into a new group for the test ``nodeid`` (nothing if none can be made)."""
+        if self.off:
+            return
+        group = self.home / f"test-{self.worker}-{os.getpid()}-{len(self.groups)}"
+        try:
+            group.mkdir()
+        except OSError:
+            self.off = True
+            return
+        try:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            group.rmdir()
+            self.off = True
+            return
+        self.groups.append((nodeid, group))
+
+    def finish(self) -> None:
+        """Back to the group this process came from; each test's CPU seconds written; empty groups removed."""
+        if not self.groups:
+            return
+        seconds: dict[str, float] = {}
+        try:
+            (self.home / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            return
+        for nodeid, group in self.groups:
+            try:
+                seconds[nodeid] = seconds.get(nodeid, 0.0) + int((group / "cpuacct.usage").read_text()) / 1e9
+                group.rmdir()  # (a process the test left running keeps it: removed by the benchmark)
+            except OSError:
+                pass
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"{self.worker}-{os.getpid()}.json").write_text(json.dumps(seconds))
+
+
+def remove_left(group: Path) -> None:
+    """Remove the test groups left under ``group`` (their processes ended since)."""
+    for sub in group.glob("test-*"):
+        try:
+            sub.rmdir()
+        except OSError:
+            pass

@@ -7,7 +7,7 @@ cgroup, :mod:`_cpu`; sandboxed workers, Dask workers and notebook kernels
 included), how busy that kept the two cores, the test files that took
 longest (their tests' durations summed), and the test files that used the
 most CPU time, each with every process its tests started (a cgroup per test,
-``tests/cpu_groups.py``: a red-team batch's worker servers run beside the
+:class:`_cpu.CpuGroups`: a red-team batch's worker servers run beside the
 pytest process, whose durations do not show them).  Target: at most 240 s of wall time
 on 2 cores.  The first run after a change of the course's code is partly
 cold (the result cache's keys cover that code): run it twice and read the
@@ -45,10 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cpu import CpuMeter, pace  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "tests"))
-from cpu_groups import remove_left  # noqa: E402
+from _cpu import CpuMeter, pace, remove_left  # noqa: E402
 
 TARGET_S = 240.0
 DURATION = re.compile(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+?)::")
@@ -71,7 +68,7 @@ def main() -> int:
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as the Makefile: bytecode caches are written
     by_test = Path(tempfile.mkdtemp(prefix="attn-bench-cpu-"))
-    env["ATTN_BENCH_CPU_DIR"] = str(by_test)  # each test's CPU time, its processes' included (tests/cpu_groups.py)
+    env["ATTN_BENCH_CPU_DIR"] = str(by_test)  # each test's CPU time, its processes' included (_cpu.CpuGroups)
     before = pace()
     # started before the meter's group exists: their CPU time is not the suite's
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
@@ -137,7 +134,7 @@ def main() -> int:
 
 
 def _cpu_by_file(folder: Path) -> collections.Counter:
-    """CPU seconds per test file from each pytest process's file of tests/cpu_groups.py (empty
+    """CPU seconds per test file from each pytest process's file of :class:`_cpu.CpuGroups` (empty
     where no group could be made); the folder is removed."""
     per_file: collections.Counter = collections.Counter()
     for path in folder.glob("*.json"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 # NumPy's BLAS with one thread in every process of the suite (pytest's workers, the commands,
 # servers and kernels they start inherit it), as in the grader's workers: pytest runs one
@@ -249,10 +250,11 @@ def pytest_runtestloop(session):
     gc.enable()
 
 
-# benchmarks/bench_suite.py: each test's CPU time with every process it starts (tests/cpu_groups.py)
+# benchmarks/bench_suite.py: each test's CPU time with every process it starts (_cpu.CpuGroups)
 _CPU_GROUPS = None
 if os.environ.get("ATTN_BENCH_CPU_DIR"):
-    from cpu_groups import CpuGroups
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _cpu import CpuGroups
 
     _CPU_GROUPS = CpuGroups(os.environ["ATTN_BENCH_CPU_DIR"])
 
