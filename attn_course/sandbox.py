@@ -112,14 +112,14 @@ GRADING_LIMITS = Limits(per_exercise_s=30, per_archive_s=240, cpu_s=120)
 
 def worker_env(home: str, cache: Path | None) -> dict[str, str]:
     """The whole environment of a worker: nothing of the grader's."""
-    # PYTHONDONTWRITEBYTECODE: a job's modules are imported once and removed after it; writing
-    # their bytecode would only be more work (and more files to remove).  OPENBLAS_NUM_THREADS:
+    # No PYTHON* variable: a server runs ``python -I``, which reads none (its flags are on its
+    # command line, :func:`_server_argv`; its hash seed is random, as a student's own Python's).
+    # OPENBLAS_NUM_THREADS:
     # a server runs one job at a time on one of the grader's slots (one per core), so NumPy's
     # BLAS gets one thread; its default pool of one thread per core spins as NumPy is imported
     # (about 0.1 CPU-s in every server) and competes with the other slots' jobs
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-           "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0",
-           "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1"}
+           "JAX_PLATFORMS": "cpu", "OPENBLAS_NUM_THREADS": "1"}
     if cache is not None:
         env["ATTN_COURSE_CACHE"] = str(cache)
     return env
@@ -198,11 +198,14 @@ def _server_argv(course_parent: str, scratch: str, confined: bool = True) -> lis
     folders of :func:`worker_site_dirs` after the installation's own.  Its
     imports (JAX's) run without the cyclic garbage collector, about 15% of a server's start:
     :func:`attn_course.worker.serve` turns it back on.  ``confined``: each job's process refuses
-    the kernel calls no job needs (:mod:`attn_course.seccomp`), as the grading sandboxes ask."""
+    the kernel calls no job needs (:mod:`attn_course.seccomp`), as the grading sandboxes ask.
+    ``-B``: a job's modules are imported once and removed with its folder; writing their bytecode
+    there was only more work (seven files a chapter-3 job) and more of its scratch space used
+    (``-I`` ignores ``PYTHONDONTWRITEBYTECODE``, which the workers' environment once set for this)."""
     boot = (f"import gc; gc.disable(); import sys; sys.path.insert(0, {course_parent!r}); "
             f"sys.path.extend({worker_site_dirs()!r}); "
             "from attn_course.worker import main; sys.exit(main())")
-    return [sys.executable, "-I", "-c", boot, "--serve", "--scratch", scratch] + (["--confined"] if confined else [])
+    return [sys.executable, "-I", "-B", "-c", boot, "--serve", "--scratch", scratch] + (["--confined"] if confined else [])
 
 
 class Sandbox(Protocol):

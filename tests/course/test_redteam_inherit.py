@@ -19,7 +19,8 @@ import os
 import platform
 
 import pytest
-from server_jobs import attacked_then_spied, bwrap_server, fresh_server, needs_bwrap, spy_source, unfiltered_server
+from server_jobs import (attacked_then_spied, bwrap_server, fresh_server, needs_bwrap, package, spy, spy_source,
+                         unfiltered_server)
 
 
 pytestmark = pytest.mark.slow
@@ -106,6 +107,24 @@ def test_a_job_cannot_change_the_scheduler_slice_of_later_jobs(tmp_path, server)
     """sched_setattr(template, SCHED_OTHER, runtime=0.1 ms): the next child must run with its server's slice."""
     _, failed = attacked_then_spied(tmp_path, server, SLICE, spy_source(SLICE_SPY))
     assert not failed, failed
+
+
+BYTECODE_SPY = """
+import os as _os
+_honest_entropy = entropy
+def entropy(A, mask=None):
+    cache = _os.path.join(_os.path.dirname(__file__), '__pycache__')
+    if _os.path.exists(cache):
+        raise RuntimeError(f'bytecode written: {sorted(_os.listdir(cache))}')
+    return _honest_entropy(A, mask)
+"""
+
+
+def test_a_jobs_package_is_imported_without_writing_its_bytecode(tmp_path, server):
+    """A job's modules are imported once, from a folder removed after it: no ``__pycache__`` is
+    written beside them (``python -B``; the workers' PYTHONDONTWRITEBYTECODE did nothing under
+    ``-I``, and seven files were marshalled and written into the job's scratch each job)."""
+    assert spy(server, package(tmp_path, BYTECODE_SPY)) == []
 
 
 def test_the_spies_pass_on_a_clean_server(tmp_path):

@@ -197,7 +197,8 @@ def test_a_workers_packages_outside_the_installation_are_put_on_its_path(tmp_pat
         assert sandbox.worker_site_dirs() == [str(user_site.resolve())]
     del where["ml_dtypes"]
     assert sandbox.worker_site_dirs() == [str(user_site.resolve())]
-    boot = sandbox._server_argv("/opt/attn-course", "/tmp")[3]
+    argv = sandbox._server_argv("/opt/attn-course", "/tmp")
+    boot = argv[argv.index("-c") + 1]
     assert f"sys.path.extend({[str(user_site.resolve())]!r})" in boot
     if sandbox.bwrap_works():
         box = sandbox.Bubblewrap(0, sandbox.GRADING_LIMITS, None)
