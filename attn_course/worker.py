@@ -166,7 +166,8 @@ def flatten(result: Any, where: str = "the result", backend: str | None = None) 
 
 
 def _where(tb) -> str:
-    frames = traceback.extract_tb(tb)
+    # (where only: no source line is read, of the job's files or of the JAX internals it passed through)
+    frames = traceback.StackSummary.extract(traceback.walk_tb(tb), lookup_lines=False)
     for fr in reversed(frames):
         if "attn_tensors" in fr.filename.replace("\\", "/"):
             parts = Path(fr.filename).parts
