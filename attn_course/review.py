@@ -73,7 +73,10 @@ RULES: tuple[Rule, ...] = (
                    r"|\bwalk_stack\b|\bf_(?:back|globals|locals)\b"
                    r"|\binspect\s*\.\s*(?:currentframe|stack)\b",
           "runs inside, or reads the frames of, the code that checks it"),
-    _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\bfrom\s+sys\s+import\b.*\bmodules\b",
+    # (the names of a ``from sys import`` as a list, not ``.*``: with ``.*`` each import on a line
+    # scanned the rest of it, and a line of many imports held the grader for hours: red team)
+    _rule("sys.modules", r"\bsys\s*\.\s*modules\b"
+                         r"|\bfrom\s+sys\s+import\s*\(?\s*(?:\w+(?:\s+as\s+\w+)?\s*,\s*)*modules\b",
           "replaces modules the checks import"),
     _rule("code objects", r"__(?:code|closure|globals|defaults|kwdefaults)__|\bco_consts\b|\b(?:Code|Function)Type\b"
                           r"|\bcell_contents\b",

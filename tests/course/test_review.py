@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import unicodedata
 
 import pytest
@@ -38,7 +39,8 @@ SAMPLES = [
     ("globals()['__bu' + 'iltins__']['__imp' + 'ort__']('ct' + 'ypes')", "attributes by name"),
     ("getattr(f, '__co' + 'de__')", "attributes by name"), ("object.__getattribute__(f, n)", "attributes by name"),
     ("import \uff43\uff54\uff59\uff50\uff45\uff53 as _w", "ctypes"), ("\uff53ys.modules['a'] = m", "sys.modules"),
-    ("from sys import modules as _M", "sys.modules"), ("sys._current_frames()", "hooks"),
+    ("from sys import modules as _M", "sys.modules"), ("from sys import path, argv as a, modules", "sys.modules"),
+    ("from sys import (modules)", "sys.modules"), ("sys._current_frames()", "hooks"),
     ("traceback.walk_stack(None)", "hooks"), ("concurrent.futures.ThreadPoolExecutor(1)", "processes"),
     ("from concurrent import futures", "processes"), ("_thread.start_new_thread(f, ())", "processes"),
     ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
@@ -233,6 +235,18 @@ def test_every_watched_event_is_a_rule_of_the_review():
     from attn_course.watch import RAN_EVENTS
 
     assert {rule for rule, _ in RAN_EVENTS.values()} <= set(WHY)
+
+
+def test_no_rule_reads_on_to_the_end_of_the_line():
+    """Red team: the sys.modules rule read ``from sys import`` then ``.*`` then ``modules``: each of
+    a line's imports scanned (and backtracked over) the rest of it, in the grader's own process,
+    before any limit -- 61 s for a line of 256k characters, hours for an archive of sixteen
+    modules of a million.  No rule has ``.`` under an unbounded repeat; such a line is read at
+    once, and says nothing (it imports no ``modules``)."""
+    for rule in RULES:
+        assert not re.search(r"(?<!\\)\.(?:[*+]|\{\d*,\})", rule.pattern.pattern), rule.name
+    line = "stack = 0; " + "from  sys\timport  " * 4000
+    assert review_text("attn_tensors/statmech.py", line + "\n") == []
 
 
 def test_an_archive_has_a_megabyte_tokenized_and_the_rest_read_as_it_is(monkeypatch):
