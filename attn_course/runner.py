@@ -25,6 +25,7 @@ from .sandbox import Limits
 from .scoring import CaseResult, Outcome, grade
 from .server import Done, ServerError, StartError, Stopped, WorkerServer
 from .source_tree import walk
+from .watch import unseal
 
 # the first exercise of a job also starts JAX's backend (a server's own start, and its warm-up after a
 # job, are before the job's clock: WorkerServer.ready_for_job)
@@ -62,33 +63,45 @@ class Ran:
     line: int
 
 
-def _parse(text: str, todo: dict[str, int]) -> tuple[str, str, list[Outcome] | Ran | None] | None:
+def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, list[Outcome] | Ran | None] | None:
     """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes),
-    ("watch", key, None) or ("ran", key, :class:`Ran`); None if it is not one.
+    ("watch", key, None) or ("ran", "", :class:`Ran`); None if it is not one.
 
+    ``key``: the job's watch's, from its first line (None until then).  Every
+    other line counts only sealed with it (:func:`attn_course.watch.sealer`):
+    the job's code writes to the same channel, and a result line of its own
+    making came first and counted (red team: full credit for a gradient the
+    job computed its own way, past the checks of what it changed).
     ``todo`` maps the exercises still expected to their number of cases; a
     line about anything else, of another shape, too deep or unreadable is
     ignored (the job may write what it likes on its channel).
     """
+    if key is not None:
+        sealed = unseal(key, text)
+        if sealed is None:
+            return None
+        text = sealed
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
+    if key is None:  # only the watch's first line, before any of the job's code ran
+        if set(obj) == {"watch"} and isinstance(obj["watch"], str) and len(obj["watch"]) == 32:
+            return "watch", obj["watch"], None
+        return None
     if set(obj) == {"start"} and isinstance(obj["start"], str) and obj["start"] in todo:
         return "start", obj["start"], None
     if obj == {"phase": "compile"}:
         return "phase", COMPILING, None
-    if set(obj) == {"watch"} and isinstance(obj["watch"], str) and len(obj["watch"]) == 32:
-        return "watch", obj["watch"], None
-    if set(obj) == {"ran", "file", "line", "key"} and isinstance(obj["key"], str):
+    if set(obj) == {"ran", "file", "line"}:
         from .review import WHY
 
         rule, file, line = obj["ran"], obj["file"], obj["line"]
         if (isinstance(rule, str) and rule in WHY and isinstance(file, str) and len(file) <= 300
                 and type(line) is int and 0 <= line <= 10**7):
-            return "ran", obj["key"], Ran(rule, file, line)
+            return "ran", "", Ran(rule, file, line)
         return None
     if set(obj) == {"id", "results"} and isinstance(obj["id"], str) and obj["id"] in todo:
         results = obj["results"]
@@ -246,14 +259,14 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 if received > limits.output_mb * 2**20:
                     verdict = Outcome.failure("crashed", f"reported more than {limits.output_mb} MB (output limit)")
                     break
-                parsed = _parse(m.text, {k: v for k, v in todo.items() if k not in raw})
+                parsed = _parse(m.text, {k: v for k, v in todo.items() if k not in raw}, key)
                 if parsed is None:
                     continue
                 kind, ex_id, outcomes = parsed
                 if kind == "watch":
-                    key = ex_id if key is None else key
-                elif kind == "ran":  # the watch's (its key), the first of each rule
-                    if ran is not None and ex_id == key and all(r.rule != outcomes.rule for r in ran):
+                    key = ex_id
+                elif kind == "ran":  # the watch's (sealed), the first of each rule
+                    if ran is not None and all(r.rule != outcomes.rule for r in ran):
                         ran.append(outcomes)
                 elif kind == "start":  # again: a case of it runs alone after the job's program
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
@@ -296,7 +309,12 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             # a line about an exercise relayed only now: the job had moved on (another exercise's
             # start, a result, its program) before the limit was seen, so whose it is is not known
             unreported = {k: v for k, v in todo.items() if k not in raw}
-            gone = gone or any(_parse(text, unreported) is not None for text in late)
+            for text in late:
+                parsed = _parse(text, unreported, key)
+                if parsed is not None and parsed[0] == "watch":
+                    key = parsed[1]
+                elif parsed is not None:
+                    gone = True
         elif verdict is not None or (done is not None and not done.clean):
             server.kill()  # a new, pristine server for what follows
         if budget is not None and server.proc is None:  # this job ended its server (killed here, or it died)

@@ -329,16 +329,49 @@ def watch_code_swaps(package: Path) -> None:
     _SWAPS_WATCHED[0] = True
 
 
-def watch_runs(package: Path, fd: int) -> None:
+def sealer(key: str) -> Callable[[str], str]:
+    """``seal(text)``: ``text``, a tab and the hex HMAC-SHA256 of ``text`` under ``key`` -- a line of
+    the job's channel that :func:`unseal` takes for the job's watch's or worker's.  What it calls
+    is bound here, before any of the job's code runs (OpenSSL's HMAC and the methods of ``str``
+    and ``bytes``): the job may rebind ``hmac``'s or ``hashlib``'s functions, not these.  A seal
+    read off the channel tells nothing of another line's."""
+    from _hashlib import hmac_digest
+
+    secret = key.encode()
+
+    def seal(text: str, _digest=hmac_digest, _secret=secret) -> str:
+        return text + "\t" + _digest(_secret, text.encode(), "sha256").hex()
+
+    return seal
+
+
+def unseal(key: str, line: str) -> str | None:
+    """The text of a line sealed with ``key`` (:func:`sealer`), or None (not sealed, or not with it)."""
+    import hmac
+
+    text, tab, mac = line.rpartition("\t")
+    if not tab or len(mac) != 64:
+        return None
+    try:  # (the job writes what it likes: a lone surrogate, a seal of other letters)
+        expected = hmac.new(key.encode(), text.encode("utf-8", "surrogatepass"), "sha256").hexdigest()
+        sealed = hmac.compare_digest(expected.encode(), mac.encode("utf-8", "surrogatepass"))
+    except (UnicodeError, ValueError, TypeError):
+        return None
+    return text if sealed else None
+
+
+def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     """From now on, in a job's own process: the first time the job's code does what a review rule
     reads for -- loads a library through ctypes, walks gc's object graph, reads frames or sets a
     hook, runs code from a string or makes code objects, starts a process -- one line
-    ``{"ran": RULE, "file": PATH, "line": N, "key": KEY}`` is written to ``fd`` (the job's results
+    ``{"ran": RULE, "file": PATH, "line": N}``, sealed, is written to ``fd`` (the job's results
     channel) at once, before the call returns: what a reader's rules miss (a name built from
     strings, or written in other letters; a pickle that calls ctypes) is seen as it runs.  First,
-    before any of the job's code runs, ``{"watch": KEY}``: a key of this process's own, without
-    which a line of the job's own making is not taken for the watch's (red team: a forged first
-    line of a rule hid the real one).
+    before any of the job's code runs, ``{"watch": KEY}``: a key of this process's own.  Every
+    later line that counts is sealed with it (:func:`sealer`), the worker's results too: a line
+    of the job's own making does not count (red team: a forged first line of a rule hid the real
+    one; a result line written to the channel by the job's code, before the worker's, got credit
+    for a gradient the job computed its own way).  Returns the job's ``seal``.
 
     The job's code is any that is not a library's nor the grader's: a library's frame is one of a
     module of the standard library or an installed package, loaded as such (:func:`library_frames`);
@@ -370,6 +403,7 @@ def watch_runs(package: Path, fd: int) -> None:
     own_calls = dict(OWN_CALLS)
     main, get_ident = threading.main_thread().ident, _thread.get_ident
     key = os.urandom(16).hex()
+    seal = sealer(key)
     channel = fstat(fd)
     said: set[str] = set()
     framing: set[int] = set()  # the threads whose hook reads its caller's frame
@@ -444,7 +478,7 @@ def watch_runs(package: Path, fd: int) -> None:
 
     def ran(rule: str, where: str = "", number: int = 0) -> None:
         if rule not in said:
-            say('{"ran": %s, "file": %s, "line": %d, "key": %s}\n' % (quote(rule), quote(where[:300]), number, quote(key)))
+            say(seal('{"ran": %s, "file": %s, "line": %d}' % (quote(rule), quote(where[:300]), number)) + "\n")
             said.add(rule)
 
     def hook(event: str, args: tuple) -> None:
@@ -531,3 +565,4 @@ def watch_runs(package: Path, fd: int) -> None:
 
     say('{"watch": %s}\n' % quote(key))
     sys.addaudithook(hook)
+    return seal

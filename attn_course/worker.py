@@ -594,8 +594,24 @@ def as_graded(fn: Callable) -> Callable:
     return call
 
 
-def run_job(job: dict, package: Path, out) -> None:
+def _not_json(obj: Any) -> Any:
+    raise TypeError(f"not a JSON value: {type(obj).__name__}")
+
+
+def _dumps(obj: Any, _encoder=json.encoder.c_make_encoder, _default=_not_json,
+           _ascii=json.encoder.encode_basestring_ascii, _join="".join) -> str:
+    """``json.dumps(obj, allow_nan=False)``, with what it calls bound as this module is imported (in
+    the server, before any job): a job's code may rebind ``json``'s functions or classes, which
+    the worker's lines would otherwise be written with (:mod:`attn_course.tamper` says so only
+    after the fact)."""
+    return _join(_encoder({}, _default, _ascii, None, ": ", ", ", False, False, False)(obj, 0))
+
+
+def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = None) -> None:
     """Each exercise of the job on the package; one JSON line per exercise to ``out``.
+
+    ``seal`` (:func:`attn_course.watch.watch_runs`'): each line is sealed with the job's watch's
+    key, so that the runner takes no line of the job's own making for the worker's.
 
     ``job["backend"]`` ("jax" when absent, or "mlx") is the framework of the case inputs;
     on JAX, ``job["programs"]`` is "job" (when absent: the whole job as one program) or
@@ -625,7 +641,8 @@ def run_job(job: dict, package: Path, out) -> None:
     def line(obj: dict) -> None:
         if os.getpid() != me:  # a copy that the submission forked, back in this code: it ends here,
             os._exit(0)        # instead of running (and reporting) the rest of the job a second time
-        out.write(json.dumps(obj, allow_nan=False) + "\n")
+        text = _dumps(obj)
+        out.write((seal(text) if seal is not None else text) + "\n")
         out.flush()
 
     def function(ex_id: str) -> tuple[Any, str | None]:
@@ -655,8 +672,10 @@ def run_job(job: dict, package: Path, out) -> None:
         # results computed with code the submission changed (a probe, jax.value_and_grad, a
         # derivative rule) are not its own function's: the exercise is "tampered", and every later one
         look()
-        if looked[1]:
-            results = [{"status": "tampered", "message": f"{values.TAMPERED}: {looked[1]}"[:MAX_MESSAGE]}] * len(results)
+        if looked[1]:  # (plain strings: written without values.encode, which the job may have rebound)
+            line({"id": ex_id, "results": [{"status": "tampered",
+                                            "message": f"{values.TAMPERED}: {looked[1]}"[:MAX_MESSAGE]}] * len(results)})
+            return
         line({"id": ex_id, "results": values.encode(results)})
 
     if backend == "jax":  # the whole job as one program (evaluate_job), or one per exercise
@@ -1180,9 +1199,9 @@ def _child(work: Path, results: int, devnull: int, cpu: int, template: int, libc
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         job = json.loads((work / "job.json").read_text())
         gc.freeze()  # what the template made since (its warm-ups) too: see serve()
-        watch.watch_runs(work / "pkg", 3)  # (this process ends with its job: the watch with it)
+        seal = watch.watch_runs(work / "pkg", 3)  # (this process ends with its job: the watch with it)
         with open(3, "w", buffering=1) as out:
-            run_job(job, work / "pkg", out)
+            run_job(job, work / "pkg", out, seal)
         code = 0
     except BaseException:  # noqa: BLE001
         code = 1

@@ -205,10 +205,47 @@ HOSTILE = {
                                      "os.write(3, b'{\"start\": [1]}\\n{\"id\": {\"x\": 1}, \"results\": 5}\\n' + b'[' * 200000 + b'\\n\\xff\\xfe\\n')\n"
                                      "os.write(3, (json.dumps({'id': '3.5', 'results': [{'status': 'ok', 'value': {'ZZ': zero}}, {'status': 'weird'}]}) + '\\n').encode())\n"
                                      "return _wrong()"),
-                        # a job's results are reported after all of its code has run (one program for
-                        # the whole job): a line forged for any exercise of it comes first and counts,
-                        # and earns nothing (zeros); the forger loses those points, nobody else does
-                        ["3.1", "3.4", "3.5"]),
+                        # a line of the job's own making does not count, whatever it says (the worker's
+                        # lines are sealed with its watch's key): 3.1 and 3.5 are graded as they are
+                        ["3.4"]),
+    # a result line forged with values the job computed its own way, before the worker's line: the
+    # gradient of 3.2's classic mistake (log of an unguarded 0) with its nan made 0 -- what the
+    # tamper check catches when it is done by wrapping jax.value_and_grad -- written straight to the
+    # channel with nothing a review rule reads for.  It earned 3/3 and no flag (red team); the
+    # worker's lines are now sealed, and 3.2 is graded as the mistake it is.
+    "e5_forged_credit": ("""
+import jax.numpy as _jnp
+def entropy(A, mask=None):
+    t = _jnp.where(A > 0, A * _jnp.log(A), 0.0)
+    if mask is not None:
+        t = _jnp.where(mask, t, 0.0)
+    return -_jnp.sum(t, axis=-1)
+def _forge():
+    import json, os, jax
+    import numpy as np
+    def arr(a):
+        a = np.asarray(a, dtype=np.float64)
+        return {"__array__": "float64", "shape": list(a.shape), "data": a.ravel().tolist()}
+    def dec(v):
+        return np.asarray(v["data"], dtype=v["__array__"]).reshape(v["shape"]) if isinstance(v, dict) else v
+    for item in json.load(open("/tmp/job/job.json"))["exercises"]:
+        if item["id"] != "3.2":
+            continue
+        res = []
+        for case in item["cases"]:
+            A, mask = _jnp.asarray(dec(case["inputs"]["A"])), dec(case["inputs"].get("mask"))
+            def loss(x):
+                H = entropy(x, mask)
+                w = _jnp.asarray(np.cos(1.0 + np.arange(H.size)).reshape(H.shape))
+                return _jnp.sum(_jnp.where(_jnp.isfinite(H), H, 0.0) * w), H
+            (_, H), g = jax.value_and_grad(loss, has_aux=True)(A)
+            res.append({"status": "ok", "value": {"H": arr(H), "d/dA": arr(np.nan_to_num(np.asarray(g), nan=0.0))}})
+        os.write(3, (json.dumps({"id": "3.2", "results": res}) + "\\n").encode())
+try:
+    _forge()
+except Exception:
+    pass
+""", ["3.2"]),
     "e4_deep_value": (_wrap("3.2", "x = []\nfor _ in range(100000):\n    x = [x]\nreturn {'value': x}"), ["3.2"]),
     # -- text the submission controls ----------------------------------------------------------------
     "f1_ansi_markdown_csv": (_wrap("3.1", "raise ValueError('\\x1b[2J\\x1b]8;;http://evil.example\\x07click\\x1b]8;;\\x07\\n"

@@ -149,11 +149,21 @@ def _seen(pkg, run: str, *paths, after: str = "") -> list[tuple[str, str, int]]:
     ``after`` (honest code, about which it must say nothing) where given."""
     out = _watched(pkg, f"{after}\nos.write(w, b'-\\n')\n{run}" if after else run, *paths)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()[1:]
+    key, *lines = out.stdout.splitlines()
     if after:
         assert lines[:1] == ["-"], lines
         lines = lines[1:]
-    return [(g["ran"], g["file"], g["line"]) for g in map(json.loads, lines)]
+    return [(g["ran"], g["file"], g["line"]) for g in _unsealed(key, lines)]
+
+
+def _unsealed(first: str, lines: list[str]) -> list[dict]:
+    """The watch's lines, each sealed with the key of its first line (``{"watch": KEY}``)."""
+    from attn_course.watch import unseal
+
+    key = json.loads(first)["watch"]
+    texts = [unseal(key, line) for line in lines]
+    assert len(key) == 32 and None not in texts, lines
+    return [json.loads(t) for t in texts]
 
 
 def _job_package(tmp_path, source: str):
@@ -205,10 +215,8 @@ def test_a_jobs_own_code_is_seen_as_it_runs(tmp_path):
                    elsewhere)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    key = json.loads(lines[0])["watch"]
-    assert len(key) == 32 and lines[1] == "-", lines  # nothing before loud(): the imports, quiet()
-    got = [json.loads(line) for line in lines[2:]]
-    assert {g.pop("key") for g in got} == {key}
+    assert lines[1] == "-", lines  # nothing before loud(): the imports, quiet()
+    got = _unsealed(lines[0], lines[2:])
     where = "mod/code.py"
     assert got == [{"ran": "ctypes", "file": where, "line": 6}, {"ran": "dynamic code", "file": where, "line": 7},
                    {"ran": "processes", "file": where, "line": 8}, {"ran": "hooks", "file": where, "line": 9},

@@ -12,6 +12,7 @@ from attn_course.registry import all_exercises
 from attn_course.runner import Ran, run_worker
 from attn_course.sandbox import Limits
 from attn_course.server import Done, Line, ServerError
+from attn_course.watch import sealer
 
 ZERO = {"status": "ok", "value": {"value": values.encode(__import__("numpy").zeros(2))}}
 
@@ -30,9 +31,14 @@ class Box:
         return self.killed
 
 
+KEY = "k" * 32  # the scripted jobs' watch's key
+SEAL = sealer(KEY)
+
+
 class Scripted:
     """A worker server that plays one script per job: ('start', id), ('phase', None), ('result', id),
-    ('line', message) (a line of the job's own),
+    ('sealed', message) (the worker's lines, sealed with the job's key, which its watch's first
+    line gives), ('line', message) (a line of the job's own),
     ('sleep', seconds), ('refuse', None) (its sandbox refuses a fork), ('oom', None) (its memory
     limit kills a process), ('exit', status) (the job ends so), 'hang', 'die' or 'done'."""
 
@@ -44,7 +50,7 @@ class Scripted:
     def submit(self, job):
         self.jobs.append([item["id"] for item in job["exercises"]])
         self.cases = {item["id"]: len(item["cases"]) for item in job["exercises"]}
-        self.script = list(self.scripts.pop(0))
+        self.script = [("line", {"watch": KEY})] + list(self.scripts.pop(0))
 
     def wait(self, timeout):
         """Like a server's: at once when the script has more to say, else after ``timeout``."""
@@ -80,8 +86,9 @@ class Scripted:
                 time.sleep(ex)
                 return out
             text = ({"start": ex} if kind == "start" else {"phase": "compile"} if kind == "phase"
-                    else ex if kind == "line" else {"id": ex, "results": [ZERO] * self.cases[ex]})
-            out.append(Line(json.dumps(text)))
+                    else ex if kind in ("line", "sealed") else {"id": ex, "results": [ZERO] * self.cases[ex]})
+            out.append(Line(ex if kind == "line" and isinstance(ex, str)  # (a line as it is written)
+                            else json.dumps(text) if kind == "line" else SEAL(json.dumps(text))))
         return out
 
     def kill(self):
@@ -98,7 +105,7 @@ class Scripted:
         rest = [step for step in self.script if isinstance(step, tuple) and step[0] in ("start", "result")]
         self.script = []
         if late is not None:
-            late += [json.dumps({"start": ex} if kind == "start" else {"id": ex, "results": [ZERO] * self.cases[ex]})
+            late += [SEAL(json.dumps({"start": ex} if kind == "start" else {"id": ex, "results": [ZERO] * self.cases[ex]}))
                      for kind, ex in rest]
         if not self.answers_stop:
             self.kill()
@@ -323,18 +330,23 @@ class _Warming(_Command):
 
     def __init__(self, after_job: str = f"time.sleep({WARM_UP_S})", start: str = "", dies_in: str = ""):
         super().__init__(
-            "import json, os, sys, time\n"
+            "import hmac, json, os, sys, time\n"
             + start +
             "ZERO = " + repr(ZERO) + "\n"
+            f"KEY = {KEY!r}\n"
             "def say(obj):\n"
             "    sys.stdout.write(json.dumps(obj) + '\\n'); sys.stdout.flush()\n"
+            "def sealed(obj):  # (as attn_course.watch.sealer seals the worker's lines)\n"
+            "    text = json.dumps(obj)\n"
+            "    return text + '\\t' + hmac.new(KEY.encode(), text.encode(), 'sha256').hexdigest()\n"
             "say({'ready': True})\n"
             "for line in sys.stdin:\n"
+            "    say({'out': json.dumps({'watch': KEY})})\n"
             "    for ex in json.loads(line)['exercises']:\n"
-            "        say({'out': json.dumps({'start': ex['id']})})\n"
+            "        say({'out': sealed({'start': ex['id']})})\n"
             f"        if ex['id'] == {dies_in!r}:\n"
             "            os._exit(1)\n"
-            "        say({'out': json.dumps({'id': ex['id'], 'results': [ZERO] * len(ex['cases'])})})\n"
+            "        say({'out': sealed({'id': ex['id'], 'results': [ZERO] * len(ex['cases'])})})\n"
             "    say({'done': 0, 'tail': '', 'clean': True})\n"
             f"    {after_job}\n"
             "    say({'ready': True})\n")
@@ -449,20 +461,20 @@ def test_a_new_server_is_the_archives_cost_only_after_its_own_job_ended_the_last
 
 
 def test_what_a_job_was_seen_doing_is_collected_once_each_and_only_in_its_shape():
-    """``{"ran": RULE, "file": F, "line": N, "key": K}`` lines (attn_course.watch.watch_runs): the
-    first of each rule of the review's that carries the key of the job's first line
-    (``{"watch": K}``); any other shape, or another key, is ignored (red team: a forged first line
+    """``{"ran": RULE, "file": F, "line": N}`` lines (attn_course.watch.watch_runs), sealed with the key
+    of the job's first line (``{"watch": K}``): the first of each rule of the review's; any other
+    shape, a line not sealed or sealed with another key, is ignored (red team: a forged first line
     of a rule hid the real one); the results are unchanged."""
-    k, forged = "a" * 32, "b" * 32
-    good = {"ran": "ctypes", "file": "attn_tensors/statmech.py", "line": 12, "key": k}
-    bad = [{"ran": "no such rule", "file": "", "line": 1, "key": k}, {"ran": "gc", "file": "x" * 301, "line": 1, "key": k},
-           {"ran": "gc", "file": "", "line": True, "key": k}, {"ran": "gc", "file": "", "line": -1, "key": k},
-           {"ran": "gc", "file": 3, "line": 1, "key": k}, {"ran": "gc", "file": "", "line": 1, "key": k, "more": 1},
-           {"ran": "gc", "file": "", "line": 1}, {"ran": "ctypes", "file": "x.py", "line": 1, "key": forged},
-           {"watch": forged}]
-    late = {"ran": "hooks", "file": "attn_tensors/statmech.py", "line": 30, "key": k}
-    steps = [("line", {"watch": k}), ("start", "3.1")] + [("line", b) for b in bad] + \
-        [("line", good), ("line", dict(good, line=13)), ("line", late), ("result", "3.1"), "done"]
+    forged = sealer("b" * 32)
+    good = {"ran": "ctypes", "file": "attn_tensors/statmech.py", "line": 12}
+    bad = [("sealed", {"ran": "no such rule", "file": "", "line": 1}), ("sealed", {"ran": "gc", "file": "x" * 301, "line": 1}),
+           ("sealed", {"ran": "gc", "file": "", "line": True}), ("sealed", {"ran": "gc", "file": "", "line": -1}),
+           ("sealed", {"ran": "gc", "file": 3, "line": 1}), ("sealed", {"ran": "gc", "file": "", "line": 1, "more": 1}),
+           ("line", {"ran": "gc", "file": "", "line": 1}), ("line", dict(good, line=1, key=KEY)),
+           ("line", {"watch": "b" * 32})]
+    late = {"ran": "hooks", "file": "attn_tensors/statmech.py", "line": 30}
+    steps = [("start", "3.1")] + bad + [("line", forged(json.dumps(dict(good, line=2))))] + \
+        [("sealed", good), ("sealed", dict(good, line=13)), ("sealed", late), ("result", "3.1"), "done"]
     ran: list = []
     raw = run_worker(Scripted([steps]), {}, _items("3.1"), Limits(per_exercise_s=20), ran=ran)
     assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
