@@ -70,8 +70,8 @@ RULES: tuple[Rule, ...] = (
     _rule("gc", r"\bimport\s+gc\b|\bfrom\s+gc\s+import\b|\bgc\s*\.\s*get_(?:referrers|referents|objects)\b",
           "reaches every live object, the checks' own among them"),
     _rule("hooks", r"\bset(?:profile|trace)\b|\bsys\s*\.\s*monitoring\b|\b_getframe\b|\b_current_frames\b"
-                   r"|\bwalk_stack\b|\bf_(?:back|globals|locals)\b"
-                   r"|\binspect\s*\.\s*(?:currentframe|stack)\b",
+                   r"|\bwalk_(?:stack|tb)\b|\bget(?:inner|outer)frames\b|\bf_(?:back|globals|locals)\b"
+                   r"|\binspect\s*\.\s*(?:currentframe|stack|trace)\b",
           "runs inside, or reads the frames of, the code that checks it"),
     # (the names of a ``from sys import`` as a list, not ``.*``: with ``.*`` each import on a line
     # scanned the rest of it, and a line of many imports held the grader for hours: red team)
@@ -82,7 +82,7 @@ RULES: tuple[Rule, ...] = (
                           r"|\bcell_contents\b",
           "rewrites functions (its own, or the checks')"),
     _rule("builtins", r"\b__builtins__\b|\bimport\s+builtins\b|\bbuiltins\s*\.", "changes what every module sees"),
-    _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b",
+    _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b|\bpkgutil\b|\bresolve_name\b",
           "code or modules the grader cannot read in the archive"),
     _rule("jax internals", r"\bjax\s*\.\s*_src\b|\bjaxlib\b", "JAX's private modules: the rules gradients are made of"),
     _rule("processes", r"\b(?:subprocess|multiprocessing|socket|signal|mmap|pty|threading|_thread)\b"
@@ -92,7 +92,7 @@ RULES: tuple[Rule, ...] = (
     _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
     _rule("callbacks", r"\b(?:pure_callback|io_callback)\b|\bdebug\s*\.\s*callback\b",
           "Python run while the compiled program runs, after the checks that follow its trace"),
-    _rule("attributes by name", r"\b(?:setattr|getattr|attrgetter)\s*\(|\b__dict__\b|__getattribute__"
+    _rule("attributes by name", r"\b(?:setattr|getattr|getattr_static|attrgetter)\s*\(|\b__dict__\b|__getattribute__"
                                 r"|(?<![\w.])(?:vars|globals|locals)\s*\(",
           "reaches attributes or names it can build from pieces of strings, out of a reader's sight"),
 )
@@ -156,7 +156,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|modules|__(?:code|closure|globals|defaults|kwdefaults|builtins|import)__|co_consts|CodeType"
                    "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|subprocess"
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
-                   "|_current_frames|walk_stack|concurrent|_thread"
+                   "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals")
 
@@ -180,7 +180,9 @@ def review_text(where: str, text: str, stub: str = "", budget: list[int] | None 
     ``budget``: ``[characters]`` the archive may still have tokenized (:data:`MAX_TOKENIZED`),
     spent here; once spent, the text's strings and comments are read as code too."""
     written = text[:MAX_TEXT]
-    text = _as_python_reads(written)
+    # (capped again as Python reads it: NFKC makes one character up to 18 -- U+FDFA -- and a 2 MB
+    # module of them held the grader 22 s, an archive of seven 80 s: red team)
+    text = _as_python_reads(written)[:MAX_TEXT]
     known = _known(stub)
     lines = text.splitlines()
     shown = written.splitlines()  # (a line is listed as it was written)

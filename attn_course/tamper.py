@@ -107,6 +107,9 @@ def take() -> Baseline:
         keys = []
         for key, value in list(space.items()):
             if isinstance(value, types.ModuleType):
+                # (a module a watched module reads through its global: rebound, every function of
+                # that module reads the copy -- red team: attn_course.values.np, worker.tamper)
+                keys.append(key)
                 continue
             if isinstance(value, type):
                 keys.append(key)

@@ -54,6 +54,9 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
     "open": ("raw memory", True),  # (a process's memory file, /proc/<pid>/mem: refused as well)
 }
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# the standard library's functions that read a traceback's frames and hand them to their caller
+# (inspect.trace calls getinnerframes): (function, module)
+HANDS_OUT_FRAMES = (("walk_tb", "traceback"), ("getinnerframes", "inspect"))
 # the libraries that compile and run the source their caller gives them: their naming compile or
 # exec is not their own doing (red team: code.InteractiveInterpreter().runsource(src) was not seen)
 RUN_CALLERS_SOURCE = ("code", "codeop", "runpy", "timeit", "pdb", "bdb", "profile", "cProfile", "trace", "doctest")
@@ -413,6 +416,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
 
     frame_attributes, frame_type = FRAME_ATTRIBUTES, types.FrameType
     run_source, read_name = _stdlib_files(RUN_CALLERS_SOURCE), _stdlib_files(READ_CALLERS_NAME)
+    hand_outs = frozenset((name, path) for name, module in HANDS_OUT_FRAMES for path in _stdlib_files((module,)))
     proc, fsdecode, creates = stat("/proc/self").st_dev, os.fsdecode, os.O_CREAT
     importing = "<frozen importlib."
 
@@ -520,6 +524,12 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
                 past_libraries = not (_type(path) is _str and normpath(path).startswith(trusted))
             if event == "sys._getframe" and args and hands_out(args[0], frame):
                 past_libraries = True
+            # a traceback's frames handed out by the library that reads them (traceback.walk_tb,
+            # inspect.getinnerframes, inspect.trace): from one of the job's own, f_back reaches the
+            # grader's (red team: its locals, the job's seal among them, then read unseen)
+            handed = event == "object.__getattr__" and (frame.f_code.co_name, normpath(frame.f_code.co_filename)) in hand_outs
+            if handed:
+                past_libraries = True
             names = None if past_libraries else own_calls.get(event)
             named = names is None
             while frame is not None and is_library(frame):
@@ -540,7 +550,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
                 name = frame.f_code.co_filename
                 where, number = "", 0
                 if _type(name) is _str and name.startswith(grader):
-                    if not past_libraries and (frame is first or first.f_code.co_filename.startswith(importing)):
+                    if handed or (not past_libraries and (frame is first or first.f_code.co_filename.startswith(importing))):
                         return  # the grader's own call (a notebook's cells compiled, a traceback read),
                         # or an extension module's set-up as the grader imports it (mlx's compiles)
                     # else: the job's callable run by the grader's code or a library's for no one it

@@ -358,6 +358,11 @@ def _plain_leaves(out: Any) -> bool:
                or (isinstance(x, np.ndarray) and x.dtype.kind in "biuf") for x in leaves)
 
 
+_RAN = [0]  # calls of the submission's functions (and its package's and cells' runs) so far
+_HOOKED = [False]  # whether a profile or trace hook was set as a submission's function ran
+_HOOKS = [(None, None)]  # the hooks before the job's package loaded (a coverage tool's: not the job's)
+
+
 class JobItem(NamedTuple):
     """One exercise of a job: its id, probe, cases' inputs (NumPy) and which cases run op by op."""
 
@@ -370,7 +375,8 @@ class JobItem(NamedTuple):
 def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str | None]],
                  start: Callable[[str], None] = lambda ex_id: None,
                  phase: Callable[[str], None] = lambda name: None,
-                 report: Callable[[str, list[dict]], None] = lambda ex_id, results: None) -> dict[str, list[dict]]:
+                 report: Callable[[str, list[dict]], None] = lambda ex_id, results: None,
+                 _ran: list = _RAN) -> dict[str, list[dict]]:
     """Every case of every exercise of a JAX job, in ONE XLA program; each exercise's results.
 
     What :func:`evaluate_all` does for the cases of one exercise, done for
@@ -443,7 +449,7 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
         phase("compile")
         n = sum(len(p["slots"]) for p in plans.values())
         outs = compile_for_workers(program.lower())() if n else []
-        _RAN[0] += 1  # the program ran: so did whatever host callbacks the submission put in it
+        _ran[0] += 1  # the program ran: so did whatever host callbacks the submission put in it
     except Exception:  # noqa: BLE001 - the job as a whole cannot be compiled: each exercise as its own
         for it in items:  # program, and an exercise that cannot be one case by case
             if it.id in results:
@@ -502,12 +508,12 @@ class _Notebook:
             self._run(self.todo.pop(0))
         return self.found.get(ex_id, (None, f"the notebook has no answer for {ex_id}"))
 
-    def _run(self, item: dict) -> None:
+    def _run(self, item: dict, _ran: list = _RAN) -> None:
         ex = self.exercises[item["id"]]
         error = self.setup_error
         if error is None:
             for cell in item["cells"]:
-                _RAN[0] += 1
+                _ran[0] += 1
                 try:
                     exec(compile(cell["source"], f"<notebook cell {cell['name']}>", "exec"), self.ns)
                 except BaseException as err:  # noqa: BLE001 - the submission's failure is data
@@ -566,27 +572,28 @@ def import_failure(err: BaseException) -> str:
     return f"{PACKAGE_DOES_NOT_IMPORT}: {_located(err)}"[:MAX_MESSAGE]
 
 
-_RAN = [0]  # calls of the submission's functions (and its package's and cells' runs) so far
-_HOOKED = [False]  # whether a profile or trace hook was set as a submission's function ran
-_HOOKS = [(None, None)]  # the hooks before the job's package loaded (a coverage tool's: not the job's)
 _getprofile, _gettrace = sys.getprofile, sys.gettrace
 _BASELINE: Any = None  # what the watched code was before any job (attn_course.tamper), in a template
 
 
-def as_graded(fn: Callable) -> Callable:
+def as_graded(fn: Callable, _ran=_RAN, _hooked=_HOOKED, _hooks=_HOOKS) -> Callable:
     """``fn``, whose result is refused where it is a Python list (numbers not made an array): the
     probes read the result as an array, and a list was their AttributeError ('list' object has no
     attribute 'size'), a symptom; this says what it is, wherever the probe calls it.  The reference
     is called so too where its program fills the workers' compilation cache
-    (:func:`attn_course.runner.fill_worker_cache`): the same program as an honest job's."""
+    (:func:`attn_course.runner.fill_worker_cache`): the same program as an honest job's.
+    (The counters are held as defaults, bound as this module was imported: a submission may
+    rebind the module's globals before its functions are wrapped.)"""
+    getprofile, gettrace = _getprofile, _gettrace
+
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        _RAN[0] += 1  # the submission's code runs (run_job looks for what it changed before reporting)
-        if _getprofile() is not _HOOKS[0][0] or _gettrace() is not _HOOKS[0][1]:  # (a hook could put
-            _HOOKED[0] = True                                                   # back what it changed)
+        _ran[0] += 1  # the submission's code runs (run_job looks for what it changed before reporting)
+        if getprofile() is not _hooks[0][0] or gettrace() is not _hooks[0][1]:  # (a hook could put
+            _hooked[0] = True                                                   # back what it changed)
         out = fn(*args, **kwargs)
-        if _getprofile() is not _HOOKS[0][0] or _gettrace() is not _HOOKS[0][1]:
-            _HOOKED[0] = True
+        if getprofile() is not _hooks[0][0] or gettrace() is not _hooks[0][1]:
+            _hooked[0] = True
         if isinstance(out, list):
             raise NotPlainValue("the result is a Python list, expected an array: make it one with xp.asarray")
         return out
@@ -625,13 +632,16 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
         raise ValueError(f"unknown backend {backend!r}")
     base = _BASELINE if _BASELINE is not None else tamper.take()  # before any of the submission runs
     _HOOKS[0] = (sys.getprofile(), sys.gettrace())
+    # what the job's reports are checked and written with, held before any of the submission runs:
+    # it may rebind this module's globals (red team: worker.tamper, whose changed() said nothing)
+    changed, swapped, hooked, encode, ran = tamper.changed, watch.SWAPPED, _HOOKED, values.encode, _RAN
     watch.watch_code_swaps(package)
     try:
         load_package(package)
         load_error = None
     except BaseException as err:  # noqa: BLE001 - the submission's failure is data
         load_error = import_failure(err)
-    _RAN[0] += 1
+    ran[0] += 1
     from_notebook = None
     if load_error is None and job.get("notebook") is not None:
         from_notebook = _Notebook(job["notebook"], exercises, {item["id"] for item in job["exercises"]})
@@ -662,11 +672,11 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
     def look() -> None:
         """Whether the submission changed what checks it (:mod:`attn_course.tamper`): as its cases
         are traced, before any result is reported, and again wherever its code ran since."""
-        if not looked[1] and (looked[0] == -1 or looked[0] != _RAN[0]):
-            looked[0] = _RAN[0] if _RAN[0] != -1 else 0
-            looked[1] = ("a profile or trace hook (sys.setprofile, sys.settrace)" if _HOOKED[0]
-                         else f"the code of {watch.SWAPPED[0]} (replaced)" if watch.SWAPPED[0]
-                         else tamper.changed(base) or "")
+        if not looked[1] and (looked[0] == -1 or looked[0] != ran[0]):
+            looked[0] = ran[0] if ran[0] != -1 else 0
+            looked[1] = ("a profile or trace hook (sys.setprofile, sys.settrace)" if hooked[0]
+                         else f"the code of {swapped[0]} (replaced)" if swapped[0]
+                         else changed(base) or "")
 
     def report(ex_id: str, results: list[dict]) -> None:
         # results computed with code the submission changed (a probe, jax.value_and_grad, a
@@ -676,7 +686,7 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
             line({"id": ex_id, "results": [{"status": "tampered",
                                             "message": f"{values.TAMPERED}: {looked[1]}"[:MAX_MESSAGE]}] * len(results)})
             return
-        line({"id": ex_id, "results": values.encode(results)})
+        line({"id": ex_id, "results": encode(results)})
 
     if backend == "jax":  # the whole job as one program (evaluate_job), or one per exercise
         items = [JobItem(item["id"], exercises[item["id"]].probe,

@@ -170,6 +170,41 @@ def entropy(A, mask=None):
     jax.debug.callback(_tidy)
     return _entropy_impl(A, mask)
 ''',
+    # a third red team's: a module that a module of the grader's reads through its global, rebound
+    # (tamper took no module-valued global): values.np, whose integer's isinstance check values.encode
+    # makes on the worker's results, which it rewrites there (nan -> 0), past every check
+    "values-np": b'''
+import pkgutil as _pk, numpy as _np
+_vals = _pk.resolve_name("attn_" + "course.values")
+def _fix(o):
+    if type(o) is dict:
+        for k in list(o):
+            if type(o[k]) is _np.ndarray and o[k].dtype.kind == "f":
+                o[k] = _np.nan_to_num(o[k], nan=0.0, posinf=_np.inf, neginf=-_np.inf)
+            else:
+                _fix(o[k])
+    elif type(o) is list:
+        for v in o:
+            _fix(v)
+class _Meta(type):
+    def __instancecheck__(cls, obj):
+        if type(obj) is list:
+            _fix(obj)
+        return isinstance(obj, _np.integer)
+class _FakeNp:
+    integer = _Meta("integer", (), {})
+    floating, bool_, ndarray, asarray, prod, int64 = _np.floating, _np.bool_, _np.ndarray, _np.asarray, _np.prod, _np.int64
+_vals.np = _FakeNp
+''',
+    # the worker's tamper module rebound to one whose check finds nothing, with the wrap above
+    "tamper-module": b'''
+import pkgutil as _pk
+class _Blind:
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+_pk.resolve_name("attn_" + "course.worker").tamper = _Blind()
+''' + _WRAP + b'''_jax.value_and_grad = _vag
+''',
     # the wrap put back by a profile hook as the worker's checks begin
     "hook": b'''
 import sys as _sys

@@ -41,6 +41,11 @@ SAMPLES = [
     ("import \uff43\uff54\uff59\uff50\uff45\uff53 as _w", "ctypes"), ("\uff53ys.modules['a'] = m", "sys.modules"),
     ("from sys import modules as _M", "sys.modules"), ("from sys import path, argv as a, modules", "sys.modules"),
     ("from sys import (modules)", "sys.modules"), ("sys._current_frames()", "hooks"),
+    # (red team, round 11: frames handed out by the libraries that read a traceback's, and an attribute
+    # or a module reached by a name built from strings without getattr or importlib)
+    ("f = next(traceback.walk_tb(e.__traceback__))[0]", "hooks"), ("inspect.getinnerframes(tb)", "hooks"),
+    ("inspect.trace()", "hooks"), ("inspect.getattr_static(t, 'f_' + 'back')", "attributes by name"),
+    ("pkgutil.resolve_name('attn_' + 'course.worker')", "dynamic code"),
     ("traceback.walk_stack(None)", "hooks"), ("concurrent.futures.ThreadPoolExecutor(1)", "processes"),
     ("from concurrent import futures", "processes"), ("_thread.start_new_thread(f, ())", "processes"),
     ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
@@ -239,10 +244,58 @@ def test_a_job_that_takes_its_channel_away_while_it_does_so_ends(tmp_path):
     assert out.returncode == 3 and "ran on" not in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
 
 
+def test_frames_a_library_hands_the_job_are_seen_but_not_its_reading_of_a_traceback(tmp_path):
+    """Red team, round 11: a job caught its own exception and had ``traceback.walk_tb`` or
+    ``inspect.getinnerframes`` (``inspect.trace``) give it the frame, whose ``f_back`` it climbed to
+    the grader's (``inspect.getattr_static``: no audit event), and read the key its results are
+    sealed with: the library's own reading of ``tb_frame`` passed as the library's.  Such a hand-out
+    is the job's doing now; ``traceback.format_exc`` (which hands out no frame) is not."""
+    pkg, _ = _job_package(tmp_path,
+        "import inspect, traceback\n"
+        "def caught():\n"
+        "    try:\n"
+        "        1 / 0\n"
+        "    except ZeroDivisionError as e:\n"
+        "        return e\n"
+        "def told():\n"
+        "    try:\n"
+        "        1 / 0\n"
+        "    except ZeroDivisionError:\n"
+        "        return traceback.format_exc()\n"
+        "def walk():\n"
+        "    return next(traceback.walk_tb(caught().__traceback__))[0]\n"
+        "def inner():\n"
+        "    try:\n"
+        "        1 / 0\n"
+        "    except ZeroDivisionError:\n"
+        "        return inspect.trace()[0].frame\n")
+    assert _seen(pkg, "mod.walk()", after="import mod\nmod.told()") == [("hooks", "mod/__init__.py", 13)]
+    assert _seen(pkg, "mod.inner()", after="import mod\nmod.told()") == [("hooks", "mod/__init__.py", 18)]
+
+
 def test_every_watched_event_is_a_rule_of_the_review():
     from attn_course.watch import RAN_EVENTS
 
     assert {rule for rule, _ in RAN_EVENTS.values()} <= set(WHY)
+
+
+def test_a_module_is_read_up_to_its_cap_as_python_reads_it(monkeypatch):
+    """Red team, round 11: the cap was on the text as written, and NFKC makes U+FDFA eighteen
+    characters: a 2 MB module of them was read as 12.6 M characters (22 s; an archive of seven, 82 s
+    of the grader's time).  What the rules read is capped as Python reads it."""
+    from attn_course import review
+
+    monkeypatch.setattr(review, "MAX_TEXT", 10_000)
+    read: list[int] = []
+
+    class Words:
+        def search(self, text):
+            read.append(len(text))
+            return WORDS.search(text)
+
+    monkeypatch.setattr(review, "WORDS", Words())
+    review_text("attn_tensors/statmech.py", "x = 1  # " + "\ufdfa" * 9_000 + "\n")
+    assert sum(read) <= 10_000, sum(read)
 
 
 def test_no_rule_reads_on_to_the_end_of_the_line():
