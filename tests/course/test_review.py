@@ -249,7 +249,8 @@ def test_frames_a_library_hands_the_job_are_seen_but_not_its_reading_of_a_traceb
     ``inspect.getinnerframes`` (``inspect.trace``) give it the frame, whose ``f_back`` it climbed to
     the grader's (``inspect.getattr_static``: no audit event), and read the key its results are
     sealed with: the library's own reading of ``tb_frame`` passed as the library's.  Such a hand-out
-    is the job's doing now; ``traceback.format_exc`` (which hands out no frame) is not."""
+    is the job's doing now; ``traceback.format_exc`` (which hands out no frame) is not, nor JAX's
+    traceback filter walking the frames of an error in the job's jitted code for itself."""
     pkg, _ = _job_package(tmp_path,
         "import inspect, traceback\n"
         "def caught():\n"
@@ -268,8 +269,14 @@ def test_frames_a_library_hands_the_job_are_seen_but_not_its_reading_of_a_traceb
         "    try:\n"
         "        1 / 0\n"
         "    except ZeroDivisionError:\n"
-        "        return inspect.trace()[0].frame\n")
-    assert _seen(pkg, "mod.walk()", after="import mod\nmod.told()") == [("hooks", "mod/__init__.py", 13)]
+        "        return inspect.trace()[0].frame\n"
+        "def filtered():  # (an error in a jitted function: JAX's traceback filter walks its frames)\n"
+        "    import jax\n"
+        "    try:\n"
+        "        jax.jit(lambda x: x[[0.5]])(jax.numpy.ones(2))\n"
+        "    except Exception:\n"
+        "        return None\n")
+    assert _seen(pkg, "mod.walk()", after="import mod\nmod.told()\nmod.filtered()") == [("hooks", "mod/__init__.py", 13)]
     assert _seen(pkg, "mod.inner()", after="import mod\nmod.told()") == [("hooks", "mod/__init__.py", 18)]
 
 
