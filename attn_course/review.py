@@ -75,7 +75,7 @@ RULES: tuple[Rule, ...] = (
           "runs inside, or reads the frames of, the code that checks it"),
     # (the names of a ``from sys import`` as a list, not ``.*``: with ``.*`` each import on a line
     # scanned the rest of it, and a line of many imports held the grader for hours: red team)
-    _rule("sys.modules", r"\bsys\s*\.\s*modules\b"
+    _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\.\s*modules\s*\["
                          r"|\bfrom\s+sys\s+import\s*\(?\s*(?:\w+(?:\s+as\s+\w+)?\s*,\s*)*modules\b",
           "replaces modules the checks import"),
     _rule("code objects", r"__(?:code|closure|globals|defaults|kwdefaults)__|\bco_consts\b|\b(?:Code|Function)Type\b"
@@ -92,7 +92,8 @@ RULES: tuple[Rule, ...] = (
     _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
     _rule("callbacks", r"\b(?:pure_callback|io_callback)\b|\bdebug\s*\.\s*callback\b",
           "Python run while the compiled program runs, after the checks that follow its trace"),
-    _rule("attributes by name", r"\b(?:setattr|getattr|getattr_static|attrgetter)\s*\(|\b__dict__\b|__getattribute__"
+    _rule("attributes by name", r"\b(?:setattr|getattr|getattr_static|attrgetter|methodcaller)\s*\(|\b__dict__\b"
+                                r"|__getattribute__|\b__setattr__\s*\("
                                 r"|(?<![\w.])(?:vars|globals|locals)\s*\(",
           "reaches attributes or names it can build from pieces of strings, out of a reader's sight"),
 )
@@ -156,16 +157,37 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|modules|__(?:code|closure|globals|defaults|kwdefaults|builtins|import)__|co_consts|CodeType"
                    "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|subprocess"
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
-                   "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name"
+                   "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals")
+
+
+def _combining_class() -> str:
+    """A character class of every character with a combining class (a regular expression's)."""
+    marks = [c for c in range(0x110000) if unicodedata.combining(chr(c))]
+    spans, start = [], marks[0]
+    for a, b in zip(marks, marks[1:] + [-1]):
+        if b != a + 1:
+            spans.append(f"\\U{start:08x}" + (f"-\\U{a:08x}" if a != start else ""))
+            start = b
+    return "[" + "".join(spans) + "]"
+
+
+# a run of combining marks past this length is cut to it before NFKC, which puts a run in canonical
+# order by insertion: a run of 40k of one class then 40k of another took 29 s (red team); no name
+# Python reads has more than a few marks on a letter
+@functools.cache
+def _marks() -> re.Pattern:
+    """(Made at the first text that is not ASCII: looking at every character takes 0.3 s.)"""
+    marks = _combining_class()
+    return re.compile(f"({marks}{{32}}){marks}+")
 
 
 def _as_python_reads(text: str) -> str:
     """The text with its names as Python reads them: NFKC-normalised (PEP 3131), so that
     ``import ｃｔｙｐｅｓ`` (full-width letters: Python imports ``ctypes``) is read as what it
     does.  (Strings change too, but no rule reads a string.)"""
-    return text if text.isascii() else unicodedata.normalize("NFKC", text)
+    return text if text.isascii() else unicodedata.normalize("NFKC", _marks().sub(r"\1", text))
 
 
 @functools.lru_cache(maxsize=512)

@@ -135,6 +135,17 @@ def take() -> Baseline:
         rules = getattr(sys.modules.get(module_name), attr, None)
         if isinstance(rules, dict):
             groups.append(_entries(rules, list(rules), lambda p, c=f"{module_name}.{attr}": f"{c}[{p}]"))
+    registry = sys.modules.get("attn_course.registry")
+    if registry is not None:  # the exercises' own probes and functions (data of the course's, not
+        # a module's globals: a red team's package swapped 3.2's probe for one that made nan 0)
+        exercises = registry.all_exercises()
+        ids = sorted(exercises)
+        groups.append(_entries(exercises, ids, lambda i: f"the exercises[{i!r}]"))
+        objects = [exercises[i] for i in ids]
+        for attr in ("probe", "function", "id"):
+            groups.append(_attributes(objects, attr, [f"exercise {i}" for i in ids]))
+        functions += [(f"exercise {i}'s probe", exercises[i].probe) for i in ids
+                      if isinstance(exercises[i].probe, types.FunctionType)]
     names, fns = [n for n, _ in functions], [f for _, f in functions]
     groups.append(_attributes(fns, "__code__", names))
     cells, cell_names = [], []

@@ -56,7 +56,8 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # the standard library's functions that read a traceback's frames and hand them to their caller
 # (inspect.trace calls getinnerframes): (function, module)
-HANDS_OUT_FRAMES = (("walk_tb", "traceback"), ("getinnerframes", "inspect"), ("trace", "inspect"))
+HANDS_OUT_FRAMES = (("walk_tb", "traceback"), ("getinnerframes", "inspect"), ("trace", "inspect"),
+                    ("walk_stack", "traceback"))  # (walk_stack(None) reads its own frame, then f_back)
 # the libraries that compile and run the source their caller gives them: their naming compile or
 # exec is not their own doing (red team: code.InteractiveInterpreter().runsource(src) was not seen)
 RUN_CALLERS_SOURCE = ("code", "codeop", "runpy", "timeit", "pdb", "bdb", "profile", "cProfile", "trace", "doctest")
@@ -527,7 +528,8 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
             # a traceback's frames handed out by the library that reads them (traceback.walk_tb,
             # inspect.getinnerframes, inspect.trace): from one of the job's own, f_back reaches the
             # grader's (red team: its locals, the job's seal among them, then read unseen)
-            handed = event == "object.__getattr__" and (frame.f_code.co_name, normpath(frame.f_code.co_filename)) in hand_outs
+            handed = (event in ("object.__getattr__", "sys._getframe")
+                      and (frame.f_code.co_name, normpath(frame.f_code.co_filename)) in hand_outs)
             if handed:  # whom the frames go to: the frame that called (or iterates) the hand-out
                 past_libraries = True
                 frame = frame.f_back

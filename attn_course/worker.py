@@ -635,6 +635,10 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
     # what the job's reports are checked and written with, held before any of the submission runs:
     # it may rebind this module's globals (red team: worker.tamper, whose changed() said nothing)
     changed, swapped, hooked, encode, ran = tamper.changed, watch.SWAPPED, _HOOKED, values.encode, _RAN
+    if backend == "jax":  # (the probes too: the package may change the course's data as it loads)
+        items = [JobItem(item["id"], exercises[item["id"]].probe,
+                         [values.decode(case["inputs"]) for case in item["cases"]],
+                         [case.get("eager") is True for case in item["cases"]]) for item in job["exercises"]]
     watch.watch_code_swaps(package)
     try:
         load_package(package)
@@ -689,9 +693,6 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
         line({"id": ex_id, "results": encode(results)})
 
     if backend == "jax":  # the whole job as one program (evaluate_job), or one per exercise
-        items = [JobItem(item["id"], exercises[item["id"]].probe,
-                         [values.decode(case["inputs"]) for case in item["cases"]],
-                         [case.get("eager") is True for case in item["cases"]]) for item in job["exercises"]]
         start = lambda ex_id: line({"start": ex_id})  # noqa: E731
         if job.get("programs") == "exercise":  # an exercise's program is its own: no phase of the job
             for it in items:

@@ -218,6 +218,27 @@ _sys.setprofile(_prof)
 }
 
 
+# attacks made as the package's __init__ loads, before the job has read the course's exercises
+INIT_ATTACKS = {
+    # a third red team's: 3.2's probe swapped, on the course's own Exercise object (data, not a
+    # module's global: tamper did not take it), for one that makes the gradient's nan 0
+    "exercise-swap": b'''
+import sys as _s
+def _install():
+    for _e in _s.modules["attn_" + "course.specs.ch03"].EXERCISES:
+        if _e.id == "3.2":
+            _orig = _e.probe
+            def _p(fn, _orig=_orig, **inputs):
+                import jax.numpy as _jnp
+                out = _orig(fn, **inputs)
+                out["d/dA"] = _jnp.nan_to_num(out["d/dA"], nan=0.0, posinf=_jnp.inf, neginf=-_jnp.inf)
+                return out
+            object.__setattr__(_e, "probe", _p)
+_install()
+''',
+}
+
+
 def _archives(folder: Path) -> None:
     folder.mkdir()
     ref = library_files(ROOT)
@@ -232,6 +253,11 @@ def _archives(folder: Path) -> None:
     build("mistake", mistake)
     for name, code in ATTACKS.items():
         build(f"tamper-{name}", mistake + code)
+    for name, code in INIT_ATTACKS.items():
+        build_archive(folder / f"tamper-{name}.zip", f"tamper-{name}",
+                      {**ref, "attn_tensors/statmech.py": mistake,
+                       "attn_tensors/__init__.py": ref["attn_tensors/__init__.py"] + code},
+                      token=token_for(f"tamper-{name}", SECRET))
 
 
 def test_tampering_with_the_checks_earns_nothing(tmp_path):
@@ -244,7 +270,7 @@ def test_tampering_with_the_checks_earns_nothing(tmp_path):
     rows = {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
     assert rows["honest"]["3.2"] == "3" and rows["honest"]["3.1"] == "3"
     assert rows["mistake"]["3.2"] == "0"  # the mistake alone: caught by the gradient check
-    for name in ATTACKS:
+    for name in [*ATTACKS, *INIT_ATTACKS]:
         row = rows[f"tamper-{name}"]
         assert row["3.2"] == "0", (name, row)
         results = [json.loads(p.read_text()) for p in (out / "results").glob(f"tamper-{name}-*.json")]

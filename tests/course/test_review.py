@@ -46,6 +46,9 @@ SAMPLES = [
     ("f = next(traceback.walk_tb(e.__traceback__))[0]", "hooks"), ("inspect.getinnerframes(tb)", "hooks"),
     ("inspect.trace()", "hooks"), ("inspect.getattr_static(t, 'f_' + 'back')", "attributes by name"),
     ("pkgutil.resolve_name('attn_' + 'course.worker')", "dynamic code"),
+    # (round 12: sys under another name, an attribute set or read through object's own methods)
+    ("_s.modules['attn_' + 'course.specs.ch03']", "sys.modules"), ("object.__setattr__(e, 'probe', p)", "attributes by name"),
+    ("operator.methodcaller('__getattri' 'bute__', n)(o)", "attributes by name"),
     ("traceback.walk_stack(None)", "hooks"), ("concurrent.futures.ThreadPoolExecutor(1)", "processes"),
     ("from concurrent import futures", "processes"), ("_thread.start_new_thread(f, ())", "processes"),
     ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
@@ -270,6 +273,8 @@ def test_frames_a_library_hands_the_job_are_seen_but_not_its_reading_of_a_traceb
         "        1 / 0\n"
         "    except ZeroDivisionError:\n"
         "        return inspect.trace()[0].frame\n"
+        "def stacked(n=4):\n"
+        "    return stacked(n - 1) if n else next(iter(traceback.walk_stack(None)))[0]\n"
         "def filtered():  # (an error in a jitted function: JAX's traceback filter walks its frames)\n"
         "    import jax\n"
         "    try:\n"
@@ -278,6 +283,8 @@ def test_frames_a_library_hands_the_job_are_seen_but_not_its_reading_of_a_traceb
         "        return None\n")
     assert _seen(pkg, "mod.walk()", after="import mod\nmod.told()\nmod.filtered()") == [("hooks", "mod/__init__.py", 13)]
     assert _seen(pkg, "mod.inner()", after="import mod\nmod.told()") == [("hooks", "mod/__init__.py", 18)]
+    # (walk_stack(None) reads its own frame, then hands out those behind it: red team, round 12)
+    assert _seen(pkg, "mod.stacked()", after="import mod\nmod.told()") == [("hooks", "mod/__init__.py", 20)]
 
 
 def test_every_watched_event_is_a_rule_of_the_review():
@@ -303,6 +310,17 @@ def test_a_module_is_read_up_to_its_cap_as_python_reads_it(monkeypatch):
     monkeypatch.setattr(review, "WORDS", Words())
     review_text("attn_tensors/statmech.py", "x = 1  # " + "\ufdfa" * 9_000 + "\n")
     assert sum(read) <= 10_000, sum(read)
+
+
+def test_a_run_of_combining_marks_is_cut_before_it_is_normalised():
+    """Red team, round 12: NFKC puts a run of combining marks in canonical order by insertion, and a
+    comment of 40k marks of one class then 40k of another took 29 s of the grader's time.  A run is
+    cut to 32 marks first (no name has more); names are read as Python reads them all the same."""
+    from attn_course.review import _as_python_reads
+
+    text = "x = 1  # " + "\u0301" * 40_000 + "\u0316" * 40_000
+    assert len(_as_python_reads(text)) <= len("x = 1  # ") + 32
+    assert _as_python_reads("import \uff43\uff54\uff59\uff50\uff45\uff53 # e\u0301") == "import ctypes # \u00e9"
 
 
 def test_no_rule_reads_on_to_the_end_of_the_line():
