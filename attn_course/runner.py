@@ -255,7 +255,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 if isinstance(m, Done):
                     done = m
                     break
-                received += len(m.text)
+                received += len(m.text) + 1  # (its end too: a flood of empty lines is output as well)
                 if received > limits.output_mb * 2**20:
                     verdict = Outcome.failure("crashed", f"reported more than {limits.output_mb} MB (output limit)")
                     break

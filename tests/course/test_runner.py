@@ -480,3 +480,49 @@ def test_what_a_job_was_seen_doing_is_collected_once_each_and_only_in_its_shape(
     assert [o.status for o in raw["3.1"]] == ["ok"] * len(raw["3.1"])
     assert ran == [Ran("ctypes", "attn_tensors/statmech.py", 12), Ran("hooks", "attn_tensors/statmech.py", 30)]
     assert run_worker(Scripted([steps]), {}, _items("3.1"), Limits(per_exercise_s=20)).keys() == {"3.1"}
+
+
+def test_a_flood_of_empty_lines_is_output_too():
+    """Red team: a line's end did not count toward the output limit, and a job wrote empty lines
+    without end (the runner's limits are looked at between polls: one poll held a minute)."""
+    steps = [("start", "3.1")] + [("line", "")] * 2000 + ["hang"]
+    raw = run_worker(Scripted([steps]), {}, _items("3.1"), Limits(per_exercise_s=20, output_mb=0.001))
+    assert [o.status for o in raw["3.1"]] == ["crashed"] and "output limit" in raw["3.1"][0].message
+
+
+def test_a_poll_returns_a_bounded_number_of_messages_and_reads_a_long_line_once():
+    """Red team: one poll returned every whole line the pipe held (a flood of short lines held it
+    for a minute, 640 MB), and a line read in many pieces was copied and searched again at each
+    (quadratic: 3.7 s of the grader's time for a line of 24 MB).  A poll returns at most MAX_POLL
+    messages, the rest at the next (wait returns at once meanwhile); a line's pieces are searched
+    once each, and the line comes whole."""
+    import os
+
+    from attn_course.server import MAX_POLL, WorkerServer
+
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+
+    class Proc:
+        stdout = os.fdopen(r, "rb", buffering=0)
+
+        def poll(self):
+            return None
+
+    server = WorkerServer(Box())
+    server.proc = Proc()
+    try:
+        server._buf += b'{"out": ""}\n' * (2 * MAX_POLL + 5)
+        sizes = [len(server.poll()) for _ in range(4)]
+        assert sizes == [MAX_POLL, MAX_POLL, 5, 0]
+        text = "x" * 100_000
+        wire = json.dumps({"out": text}).encode()
+        for i in range(0, len(wire), 1000):
+            os.write(w, wire[i:i + 1000])
+            assert server.poll() == [] and server._scan == len(server._buf)  # (never searched again)
+        os.write(w, b"\n")
+        assert server.poll() == [Line(text)] and len(server._buf) == 0
+    finally:
+        server.proc = None
+        Proc.stdout.close()
+        os.close(w)
