@@ -149,7 +149,9 @@ def _watched(pkg, run: str, *paths):
               f"watch.watch_runs(__import__('pathlib').Path({str(pkg)!r}), w)\n"
               f"{run}\n"
               "os.close(w); print(os.read(r, 65536).decode(), end='')\n")
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    # (-B, as a worker server runs: a package imported again in a later call would otherwise load the
+    # bytecode the first wrote, which the watch takes for code objects the job made)
+    return subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True, timeout=120)
 
 
 def _seen(pkg, run: str, *paths, after: str = "") -> list[tuple[str, str, int]]:
