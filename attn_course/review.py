@@ -84,7 +84,12 @@ RULES: tuple[Rule, ...] = (
     _rule("builtins", r"\b__builtins__\b|\bimport\s+builtins\b|\bbuiltins\s*\.", "changes what every module sees"),
     _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b|\bpkgutil\b|\bresolve_name\b",
           "code or modules the grader cannot read in the archive"),
-    _rule("jax internals", r"\bjax\s*\.\s*_src\b|\bjaxlib\b", "JAX's private modules: the rules gradients are made of"),
+    # (the public modules that reach the same rules too, and their names in a ``from jax import``
+    # list: red team, ``from jax import _src`` and ``jax.interpreters.mlir.register_lowering``)
+    _rule("jax internals", r"\bjax\s*\.\s*extend\b|\b(?:_src|interpreters|jaxlib)\b"
+                           r"|\bfrom\s+jax\s+import\s*\(?\s*(?:\w+(?:\s+as\s+\w+)?\s*,\s*)*(?:_src|interpreters|extend)\b"
+                           r"|\bregister_lowering\b|lowerings\b|\bprimitive_(?:jvps|transposes|linearizations|batchers)\b",
+          "JAX's rules for its primitives (lowerings, derivatives): what gradients are made of"),
     _rule("processes", r"\b(?:subprocess|multiprocessing|socket|signal|mmap|pty|threading|_thread)\b"
                        r"|\bconcurrent\s*\.\s*futures\b|\bfrom\s+concurrent\s+import\b"
                        r"|\bos\s*\.\s*(?:system|fork|kill|popen|exec\w*|spawn\w*|_exit)\b",
@@ -155,7 +160,8 @@ IN_STRINGS = (re.compile(r"__array_(?:interface|struct)__"), "raw memory")
 # whether a module has anything to look at more closely
 WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:back|globals|locals)|currentframe|stack"
                    "|modules|__(?:code|closure|globals|defaults|kwdefaults|builtins|import)__|co_consts|CodeType"
-                   "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|subprocess"
+                   "|FunctionType|cell_contents|builtins|exec|eval|compile|importlib|_src|jaxlib|interpreters|extend"
+                   "|lowering|primitive_|subprocess"
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
                    "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"

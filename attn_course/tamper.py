@@ -8,12 +8,15 @@ nan gradient at zero weights scored 3/3 by wrapping ``jax.value_and_grad`` in
 ``nan_to_num``.  :func:`take` records, before the package is loaded, what of
 that machinery exists: the functions and classes of the watched modules (a
 function's code, defaults and the functions its closure holds; a class's
-methods), the derivative, transpose and batching rules JAX keeps for its
-primitives, and the primitives' own methods.  :func:`changed` names the first
-that differs, and the job reports its exercises as ``tampered`` from then on.
+methods), every table of rules JAX keeps for its primitives (lowerings,
+derivatives, transposes, batching, partial evaluation: found, not listed,
+:func:`rule_tables`), and the primitives' own methods.  :func:`changed` names
+the first that differs, and the job reports its exercises as ``tampered``
+from then on.
 
 Only what existed when taken counts (a module JAX imports later, or a rule
-it adds, is new, not changed), and only callables (module data such as
+it adds for a primitive of its own, is new, not changed; a rule added for a
+primitive that existed is a change), and only callables (module data such as
 caches changes as JAX runs).  It is not a wall: code that puts back what it
 changed before the check is not seen, and neither are changes below Python.
 Two things complement it: the worker's audit hook notes a function's code or
@@ -27,7 +30,7 @@ from __future__ import annotations
 import operator
 import sys
 import types
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 WATCHED = (
     "jax", "jax.numpy", "jax.lax", "jax.nn", "jax.tree_util", "jax.scipy.special",
@@ -51,7 +54,9 @@ REGISTRIES = (
     ("jax._src.interpreters.partial_eval", "custom_partial_eval_rules"),
     ("jax._src.interpreters.mlir", "_lowerings"),
 )
-"""JAX's rules for its primitives, by primitive: a rule replaced changes every derivative of it."""
+"""JAX's rules for its primitives, by primitive: a rule replaced changes every derivative of it.
+These are watched even when empty; every other table of rules in JAX's modules is found by
+:func:`rule_tables`."""
 
 CODE_WATCHED = ("jax", "jax._src.api", "jax._src.interpreters.ad")
 """Modules whose functions' code is compared too, besides the course's own: JAX's autodiff entry
@@ -95,6 +100,103 @@ def _attributes(objects: list, attr: str, names: list[str]) -> Group:
     return Group(lambda: tuple(map(read, objects)), tuple(map(read, objects)), tuple(f"{n} ({attr})" for n in names))
 
 
+def _jax_modules() -> list[types.ModuleType]:
+    return [m for n, m in list(sys.modules.items())
+            if (n == "jax" or n.startswith("jax.")) and isinstance(m, types.ModuleType)]
+
+
+def _is_table(value: Any, primitive: type, hint: str) -> int:
+    """1 for a table of rules by primitive, 2 for one by platform of such tables, 0 otherwise.
+
+    Found by its keys, or (an empty one) by its type hint in the module."""
+    if not isinstance(value, dict):
+        return 0
+    if any(isinstance(k, primitive) for k in list(value)):
+        return 1
+    inner = list(value.values())
+    if inner and all(isinstance(v, dict) for v in inner) and any(isinstance(k, primitive) for v in inner for k in v):
+        return 2
+    return 1 if "Primitive" in hint else 0
+
+
+class Table(NamedTuple):
+    """A table of JAX's rules by primitive (``nested``: by platform, of such tables), and the
+    globals of JAX's modules bound to it (rebound to a copy, JAX would read the copy)."""
+
+    name: str
+    rules: dict
+    nested: bool
+    homes: tuple[tuple[str, str], ...]
+
+
+def rule_tables(primitive: type | None = None) -> list[Table]:
+    """Every table of JAX's modules that maps a primitive to a rule (its lowering, derivative,
+    transpose, batching, partial evaluation...), or a platform to such a table, each once.
+
+    A red team registered a lowering of its own for ``mul`` and ``div`` on the CPU
+    (``jax.interpreters.mlir.register_lowering(..., platform="cpu")``, JAX's public API): it
+    went into the platform's table, which JAX reads before ``_lowerings``, the only one watched
+    then; ``0 * nan`` became 0, and the classic mistake's nan gradient with it. No table is
+    picked by hand now: :data:`REGISTRIES` and any other that holds primitives (or whose type
+    hint names them) when the baseline is taken."""
+    if primitive is None:
+        primitive = getattr(sys.modules.get("jax._src.core"), "Primitive", None)
+        if primitive is None:
+            return []
+    found: dict[int, list] = {}
+    for module_name, attr in REGISTRIES:
+        table = getattr(sys.modules.get(module_name), attr, None)
+        if isinstance(table, dict):
+            found.setdefault(id(table), [f"{module_name}.{attr}", table, False, []])
+    for module in _jax_modules():
+        hints = vars(module).get("__annotations__")
+        hints = hints if isinstance(hints, dict) else {}
+        for attr, value in list(vars(module).items()):
+            if not isinstance(value, dict):
+                continue
+            entry = found.get(id(value))
+            if entry is None:
+                kind = _is_table(value, primitive, str(hints.get(attr, "")))
+                if not kind:
+                    continue
+                entry = found[id(value)] = [f"{module.__name__}.{attr}", value, kind == 2, []]
+            entry[3].append((module.__name__, attr))
+    return sorted((Table(n, t, nested, tuple(homes)) for n, t, nested, homes in found.values()), key=lambda t: t.name)
+
+
+def _direct(tables: list[Table]) -> Iterator[dict]:
+    for table in tables:
+        if table.nested:
+            yield from (v for v in list(table.rules.values()) if isinstance(v, dict))
+        else:
+            yield table.rules
+
+
+_NONE_ADDED = ("none added",)
+
+
+def _none_added(table: dict, known: frozenset, name: str) -> Group:
+    """That ``table`` gained no rule for a primitive JAX had when taken, directly or in a new
+    platform's table.  A module imported later adds rules for its own new primitives only; a
+    rule added for an old one changes what it computes."""
+    before = frozenset(table)
+    said = (f"{name} (a rule added for one of JAX's primitives)",)
+
+    def fetch() -> tuple:
+        try:
+            new = table.keys() - before
+            if not new:
+                return _NONE_ADDED
+            if not known.isdisjoint(new) or any(isinstance(inner, dict) and not known.isdisjoint(inner)
+                                                 for inner in (table.get(k) for k in new)):
+                return said
+            return _NONE_ADDED
+        except Exception:  # noqa: BLE001 - a key of the job's making that cannot be hashed or compared
+            return said
+
+    return Group(fetch, _NONE_ADDED, said)
+
+
 def take() -> Baseline:
     """What the watched code is now (before a job's package is loaded)."""
     groups: list[Group] = []
@@ -131,10 +233,19 @@ def take() -> Baseline:
                 if code and isinstance(value, types.FunctionType):
                     functions.append((f"{where}.{key}", value))
         groups.append(_entries(space, keys, lambda k, c=where: f"{c}.{k}"))
-    for module_name, attr in REGISTRIES:
-        rules = getattr(sys.modules.get(module_name), attr, None)
-        if isinstance(rules, dict):
-            groups.append(_entries(rules, list(rules), lambda p, c=f"{module_name}.{attr}": f"{c}[{p}]"))
+    tables = rule_tables(primitive)
+    # the primitives JAX has now: those its tables and its modules' globals name
+    known = frozenset(
+        [p for table in _direct(tables) for p in table if isinstance(p, primitive)]
+        + [v for m in _jax_modules() for v in list(vars(m).values()) if isinstance(v, primitive)]) if primitive else frozenset()
+    for name, table, nested, _ in tables:
+        groups.append(_entries(table, list(table), lambda p, c=name: f"{c}[{p}]"))  # (a platform's table, if nested)
+        groups.append(_none_added(table, known, name))
+        for platform, inner in list(table.items()) if nested else ():
+            if isinstance(inner, dict):
+                where = f"{name}[{platform!r}]"
+                groups.append(_entries(inner, list(inner), lambda p, c=where: f"{c}[{p}]"))
+                groups.append(_none_added(inner, known, where))
     registry = sys.modules.get("attn_course.registry")
     if registry is not None:  # the exercises' own probes and functions (data of the course's, not
         # a module's globals: a red team's package swapped 3.2's probe for one that made nan 0)
@@ -163,10 +274,9 @@ def take() -> Baseline:
     # the rule registries as objects (rebound to a copied dict, JAX reads the copy)
     modules = sorted(m.__name__ for m in _watched_modules())
     groups.append(_entries(sys.modules, modules, lambda n: f"sys.modules[{n!r}]"))
-    for module_name, attr in REGISTRIES:
-        module = sys.modules.get(module_name)
-        if module is not None and attr in vars(module):
-            groups.append(_entries(vars(module), [attr], lambda a, c=module_name: f"{c}.{a}"))
+    for table in tables:
+        for module_name, attr in table.homes:
+            groups.append(_entries(vars(sys.modules[module_name]), [attr], lambda a, c=module_name: f"{c}.{a}"))
     return Baseline(tuple(groups), (sys.getprofile(), sys.gettrace()))
 
 

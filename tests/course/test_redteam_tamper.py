@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,26 @@ class _Blind:
 _pk.resolve_name("attn_" + "course.worker").tamper = _Blind()
 ''' + _WRAP + b'''_jax.value_and_grad = _vag
 ''',
+    # a fifth red team's: JAX's public API registers a CPU lowering of its own for mul and div, which
+    # JAX reads before the one tamper watched (_lowerings): 0 * x and 0 / x lower to 0, the nan too
+    "lowering": b'''
+import jax
+from jax.interpreters import mlir as _mlir
+def _zero_safe(prim, on_a_zero):
+    old = _mlir._lowerings[prim].rule
+    def fix(a, b, y):
+        hit = a == 0
+        if not on_a_zero:
+            hit = hit | (b == 0)
+        return jax.lax.select(hit, jax.lax.full_like(y, 0), y)
+    fix_lowered = _mlir.lower_fun(fix, multiple_results=False)
+    def rule(ctx, a, b, **params):
+        (y,) = old(ctx, a, b, **params)
+        return fix_lowered(ctx.replace(avals_in=[*ctx.avals_in, *ctx.avals_out]), a, b, y)
+    _mlir.register_lowering(prim, rule, platform="cpu")
+_zero_safe(jax.lax.mul_p, False)
+_zero_safe(jax.lax.div_p, True)
+''',
     # the wrap put back by a profile hook as the worker's checks begin
     "hook": b'''
 import sys as _sys
@@ -318,6 +339,19 @@ def test_what_a_baseline_sees_changed():
     code = _gen.finite_sum.__code__
     _gen.finite_sum.__code__ = (lambda x: x).__code__
     assert sees(lambda: setattr(_gen.finite_sum, "__code__", code)) == "attn_course.specs._gen.finite_sum (__code__)"
+    # a rule added for a primitive JAX had, in any of its tables (the platform's lowerings, read
+    # before the others; a partial-evaluation rule tamper did not know of): not a rule changed
+    from jax._src.interpreters import mlir, partial_eval as pe
+
+    cpu = mlir._platform_specific_lowerings["cpu"]
+    assert lax.mul_p not in cpu and lax.mul_p not in pe.forwarding_rules
+    cpu[lax.mul_p] = mlir._lowerings[lax.mul_p]
+    assert "_platform_specific_lowerings['cpu'] (a rule added" in sees(lambda: cpu.pop(lax.mul_p))
+    pe.forwarding_rules[lax.mul_p] = lambda eqn: (None, eqn)
+    assert "forwarding_rules (a rule added" in sees(lambda: pe.forwarding_rules.pop(lax.mul_p))
+    mlir._platform_specific_lowerings["a platform"] = {lax.mul_p: mlir._lowerings[lax.mul_p]}
+    assert "_platform_specific_lowerings (a rule added" in sees(
+        lambda: mlir._platform_specific_lowerings.pop("a platform"))
     bind = lax.log_p.__dict__.get("impl")
     if bind is not None:
         lax.log_p.impl = lambda *a, **k: None
@@ -340,3 +374,41 @@ def test_what_a_baseline_sees_changed():
         assert tamper.changed(before) == "a profile or trace hook (sys.setprofile, sys.settrace)"
     finally:
         sys.setprofile(None)
+
+
+def test_modules_imported_later_add_rules_for_their_own_primitives_only():
+    """No false alarm: JAX's modules that a student may import after the baseline (sparse, jet,
+    checkify, scipy, random...) and the transformations they run add no rule for a primitive JAX
+    had; every table found (not a hand-picked list) stays as it was.  In a fresh interpreter, as a
+    worker server takes its baseline."""
+    script = textwrap.dedent("""
+        import importlib, os, sys
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        from attn_course import tamper, warm, worker
+        worker._setup_jax()
+        import jax, jax.numpy as jnp
+        from attn_course.registry import all_exercises
+        all_exercises(); warm.prime()
+        base = tamper.take()
+        names = {t.name for t in tamper.rule_tables()}
+        assert {"jax._src.interpreters.mlir._platform_specific_lowerings", "jax._src.interpreters.ad.primitive_jvps",
+                "jax._src.interpreters.partial_eval.forwarding_rules"} <= names, names
+        for m in ("jax.scipy.special", "jax.scipy.linalg", "jax.scipy.stats", "jax.random", "jax.experimental.checkify",
+                  "jax.experimental.sparse", "jax.experimental.jet", "jax.experimental.ode", "jax.experimental.pallas"):
+            importlib.import_module(m)
+        x = jnp.linspace(0.5, 2.0, 12).reshape(3, 4)
+        f = lambda x: jnp.sum(jax.nn.softmax(x) * jnp.log1p(x) + jax.scipy.special.logsumexp(x) + jnp.linalg.norm(x)
+                              + jnp.cumsum(x).sum() + jax.lax.fori_loop(0, 3, lambda i, c: c * 2, x).sum()
+                              + jnp.sort(x).sum() + jax.lax.cond(x.sum() > 0, lambda: 1.0, lambda: 2.0))
+        jax.jit(jax.grad(f))(x); jax.vmap(jax.grad(f))(x[None]); jax.hessian(lambda x: jnp.sum(jnp.sin(x)))(x)
+        jnp.linalg.svd(x); jnp.linalg.eigh(x @ x.T); jax.random.normal(jax.random.key(0), (3,))
+        from jax.experimental import checkify, jet, sparse
+        checkify.checkify(lambda x: x / x)(x)
+        jet.jet(jnp.sin, (x,), ((jnp.ones_like(x),),))
+        sparse.sparsify(lambda m: m @ x.T)(sparse.BCOO.fromdense(x))
+        print("CHANGED", tamper.changed(base))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "CHANGED None", r.stdout[-2000:]

@@ -55,6 +55,12 @@ SAMPLES = [
     ("A.__array_interface__ = {'data': (address, False), 'shape': (9,), 'typestr': '<f8'}", "raw memory"),
     # (red team, round 9: the name as a dict's key, a string, which is otherwise not read)
     ("X = type('X', (), {'__array_interface__': {'data': (address, False), 'shape': (8,)}})", "raw memory"),
+    # (red team, round 5 of the eighth session: the private package as a name of a ``from jax import``,
+    # and JAX's public way to its rule tables, registering a lowering of one's own)
+    ("from jax import _src", "jax internals"), ("from jax import numpy as jnp, _src as s", "jax internals"),
+    ("from jax.interpreters import mlir", "jax internals"), ("mlir.register_lowering(p, rule, platform='cpu')", "jax internals"),
+    ("ad.primitive_jvps[p] = rule", "jax internals"), ("t = m._platform_specific_lowerings", "jax internals"),
+    ("from jax import extend", "jax internals"), ("jax.extend.core.primitives.mul_p", "jax internals"),
 ]
 
 
@@ -70,6 +76,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
     "w = jnp.stack([a, b])", "evaluated = f(x)", "signals = x  # not signal handling", "return x.sum(axis=-1)",
     "doc = 'the signal of each row, threading the mask through (eval notes)'", "self.vars = x",
     "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
+    "if isinstance(x, jax.core.Tracer):", "rows.extend(out)", "from jax import numpy as jnp, lax",
 ])
 def test_ordinary_code_is_not_flagged(line):
     assert review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n") == []
