@@ -78,8 +78,10 @@ RULES: tuple[Rule, ...] = (
     _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\.\s*modules\s*\["
                          r"|\bfrom\s+sys\s+import\s*\(?\s*(?:\w+(?:\s+as\s+\w+)?\s*,\s*)*modules\b",
           "replaces modules the checks import"),
-    _rule("code objects", r"__(?:code|closure|globals|defaults|kwdefaults)__|\bco_consts\b|\b(?:Code|Function)Type\b"
-                          r"|\bcell_contents\b",
+    # (round 6 of the eighth session's red teams: a partial's function replaced by __setstate__, an
+    # object's class swapped, a primitive's bind set on the object itself)
+    _rule("code objects", r"__(?:code|closure|globals|defaults|kwdefaults|setstate)__|\bco_consts\b|__class__\s*=(?!=)"
+                          r"|\b(?:Code|Function)Type\b|\bcell_contents\b|\.\s*bind\s*=(?!=)",
           "rewrites functions (its own, or the checks')"),
     _rule("builtins", r"\b__builtins__\b|\bimport\s+builtins\b|\bbuiltins\s*\.", "changes what every module sees"),
     _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b|\bpkgutil\b|\bresolve_name\b",
@@ -97,7 +99,8 @@ RULES: tuple[Rule, ...] = (
     _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
     _rule("callbacks", r"\b(?:pure_callback|io_callback)\b|\bdebug\s*\.\s*callback\b",
           "Python run while the compiled program runs, after the checks that follow its trace"),
-    _rule("attributes by name", r"\b(?:setattr|getattr|getattr_static|attrgetter|methodcaller)\s*\(|\b__dict__\b"
+    _rule("attributes by name", r"\b(?:setattr|getattr|getattr_static|attrgetter|methodcaller|get_field)\s*\(|\b__dict__\b"
+                                r"|\bFormatter\b"
                                 r"|__getattribute__|\b__setattr__\s*\("
                                 r"|(?<![\w.])(?:vars|globals|locals)\s*\(",
           "reaches attributes or names it can build from pieces of strings, out of a reader's sight"),
@@ -165,7 +168,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
                    "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
-                   "|getattr|attrgetter|__getattribute__|globals|locals")
+                   "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter")
 
 
 def _combining_class() -> str:

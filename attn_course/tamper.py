@@ -27,6 +27,7 @@ and the class report lists, for review, code that reaches for such means
 
 from __future__ import annotations
 
+import functools
 import operator
 import sys
 import types
@@ -172,6 +173,104 @@ def _direct(tables: list[Table]) -> Iterator[dict]:
             yield table.rules
 
 
+def _slots(cls: type) -> tuple[str, ...]:
+    out: list[str] = []
+    for c in cls.__mro__:
+        names = vars(c).get("__slots__", ())
+        out += [names] if isinstance(names, str) else [n for n in names if isinstance(n, str)]
+    return tuple(n for n in out if n not in ("__dict__", "__weakref__"))
+
+
+_partial_state = functools.partial.__reduce__  # (C: a subclass's own __reduce__ is not called)
+
+
+def _same_as(value: Any, depth: int = 2) -> Callable[[], bool] | None:
+    """A check that ``value`` (a rule, the same object) still holds what it holds now: a partial's
+    function, arguments and keywords, a bound method's function and object, a slotted object's
+    fields (and theirs, ``depth - 1`` levels down); None for what holds nothing of the kind (a
+    plain function: its code or defaults replaced, the worker's audit hook sees it)."""
+    kind = type(value)
+    if kind is functools.partial:
+        func, args, words, extra = _partial_state(value)[2]
+        items = tuple(words.items()) if words else ()
+        inner = [c for c in (_same_as(func, depth - 1),) if c] if depth > 1 else []
+
+        def check(v=value, was=(func, args, words, extra), items=items, inner=inner) -> bool:
+            now = _partial_state(v)[2]
+            return (all(map(operator.is_, now, was)) and (not items or tuple(now[2].items()) == items)
+                    and all(c() for c in inner))
+        return check
+    if kind is types.MethodType:
+        was = (value.__func__, value.__self__)
+        return lambda v=value, was=was: v.__func__ is was[0] and v.__self__ is was[1]
+    slots = _slots(kind) if kind.__module__ != "builtins" else ()
+    if not slots:
+        return None
+    read = operator.attrgetter(*slots)
+    fields = read(value) if len(slots) > 1 else (read(value),)
+    inner = [c for c in (_same_as(f, depth - 1) for f in fields) if c] if depth > 1 else []
+
+    def check(v=value, was=fields, read=read, one=len(slots) == 1, inner=inner) -> bool:
+        now = (read(v),) if one else read(v)
+        return type(v) is kind and all(map(operator.is_, now, was)) and all(c() for c in inner)
+    return check
+
+
+def _holding(container: dict, keys: list, label: Callable[[Any], str]) -> Group:
+    """That each entry of ``container`` at ``keys`` holds what it held (:func:`_same_as`): a red
+    team rewrote rules in place, the table's objects staying the same -- a partial given another
+    function by ``__setstate__``, a frozen ``LoweringRuleEntry`` given another rule by
+    ``object.__setattr__`` -- and 3.2's mistake scored 3/3, nothing flagged.  (The entries
+    themselves are compared by :func:`_entries`.)"""
+    checks, names = [], []
+    for key in keys:
+        check = _same_as(container.get(key))
+        if check is not None:
+            checks.append(check)
+            names.append(f"{label(key)} (what it holds)")
+
+    def fetch() -> tuple:
+        out = []
+        for check in checks:
+            try:
+                out.append(_SAME if check() else object())
+            except Exception:  # noqa: BLE001 - an object of the job's making that cannot be read
+                out.append(object())
+        return tuple(out)
+
+    return Group(fetch, (_SAME,) * len(checks), tuple(names))
+
+
+def _primitives(known: frozenset) -> Group:
+    """That each primitive JAX had is of the class it was, with the attributes it had, each the
+    same object (red team: a ``bind`` of one's own set on ``mul_p`` itself, or its ``__class__``
+    made a subclass whose ``bind`` makes 0 * x zero), and that their classes' attributes are."""
+    prims = sorted(known, key=lambda p: (str(getattr(p, "name", "")), id(p)))
+    classes = sorted({type(p) for p in prims}, key=lambda c: (c.__module__, c.__qualname__))
+
+    def fields(obj: Any) -> tuple:
+        own = vars(obj)
+        return (type(obj), len(own), *own.keys(), *own.values())
+
+    objects = [*prims, *classes]
+    before = tuple(fields(o) for o in objects)
+    names = tuple(f"the primitive {getattr(o, 'name', o)} (its class or attributes)" for o in prims) + tuple(
+        f"{c.__module__}.{c.__qualname__} (its attributes)" for c in classes)
+
+    def fetch() -> tuple:
+        out = []
+        for obj, was in zip(objects, before):
+            try:
+                now = fields(obj)
+                out.append(_SAME if len(now) == len(was) and all(map(operator.is_, now, was)) else object())
+            except Exception:  # noqa: BLE001
+                out.append(object())
+        return tuple(out)
+
+    return Group(fetch, (_SAME,) * len(objects), names)
+
+
+_SAME = "as it was"
 _NONE_ADDED = ("none added",)
 
 
@@ -241,11 +340,16 @@ def take() -> Baseline:
     for name, table, nested, _ in tables:
         groups.append(_entries(table, list(table), lambda p, c=name: f"{c}[{p}]"))  # (a platform's table, if nested)
         groups.append(_none_added(table, known, name))
+        if not nested:
+            groups.append(_holding(table, list(table), lambda p, c=name: f"{c}[{p}]"))
         for platform, inner in list(table.items()) if nested else ():
             if isinstance(inner, dict):
                 where = f"{name}[{platform!r}]"
                 groups.append(_entries(inner, list(inner), lambda p, c=where: f"{c}[{p}]"))
                 groups.append(_none_added(inner, known, where))
+                groups.append(_holding(inner, list(inner), lambda p, c=where: f"{c}[{p}]"))
+    if known:
+        groups.append(_primitives(known))
     registry = sys.modules.get("attn_course.registry")
     if registry is not None:  # the exercises' own probes and functions (data of the course's, not
         # a module's globals: a red team's package swapped 3.2's probe for one that made nan 0)

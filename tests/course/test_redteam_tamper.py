@@ -226,6 +226,41 @@ def _zero_safe(prim, on_a_zero):
 _zero_safe(jax.lax.mul_p, False)
 _zero_safe(jax.lax.div_p, True)
 ''',
+    # round 6: a bind of its own set on the primitives themselves (the class's untouched), which makes
+    # 0 * x and 0 / x zero outside the module's own functions (whose linearization it leaves alone)
+    "bind": b'''
+import functools
+import jax
+_lax = jax.lax
+_inside = [0]
+def _own(fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _inside[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _inside[0] -= 1
+    return call
+def _zero_safe(prim, on_a_zero):
+    old = prim.bind
+    def bind(a, b, **params):
+        y = old(a, b, **params)
+        if _inside[0]:
+            return y
+        hit = _lax.eq(a, _lax.full_like(a, 0))
+        if not on_a_zero:
+            hit = _lax.bitwise_or(hit, _lax.eq(b, _lax.full_like(b, 0)))
+        return _lax.select(hit, _lax.full_like(y, 0), y)
+    prim.bind = bind
+_zero_safe(_lax.mul_p, False)
+_zero_safe(_lax.div_p, True)
+entropy = _own(entropy)
+log_partition_function = _own(log_partition_function)
+free_energy = _own(free_energy)
+heat_capacity = _own(heat_capacity)
+zero_temperature_limit = _own(zero_temperature_limit)
+''',
     # the wrap put back by a profile hook as the worker's checks begin
     "hook": b'''
 import sys as _sys
@@ -352,6 +387,25 @@ def test_what_a_baseline_sees_changed():
     mlir._platform_specific_lowerings["a platform"] = {lax.mul_p: mlir._lowerings[lax.mul_p]}
     assert "_platform_specific_lowerings (a rule added" in sees(
         lambda: mlir._platform_specific_lowerings.pop("a platform"))
+    # round 6: rules changed in place, the tables' objects staying the same (a partial given another
+    # function, a frozen lowering entry another rule), and a primitive's bind or class of its own
+    import functools
+
+    entry = mlir._lowerings[lax.mul_p]
+    held = entry.rule
+    object.__setattr__(entry, "rule", lambda *a, **k: None)
+    assert "_lowerings[mul] (what it holds)" in sees(lambda: object.__setattr__(entry, "rule", held))
+    partials = [(t, p) for t in (mlir._lowerings, ad.fancy_transposes, ad.primitive_jvps, ad.primitive_transposes)
+                for p, rule in t.items() if type(rule) is functools.partial]
+    table, prim = partials[0]
+    state = table[prim].__reduce__()[2]
+    table[prim].__setstate__((lambda *a, **k: None, (), {}, None))
+    assert f"[{prim}] (what it holds)" in sees(lambda: table[prim].__setstate__(state))
+    lax.mul_p.bind = lambda *a, **k: None
+    assert sees(lambda: delattr(lax.mul_p, "bind")) == "the primitive mul (its class or attributes)"
+    own = type("OwnPrimitive", (type(lax.mul_p),), {})
+    lax.mul_p.__class__ = own
+    assert sees(lambda: setattr(lax.mul_p, "__class__", own.__mro__[1])) == "the primitive mul (its class or attributes)"
     bind = lax.log_p.__dict__.get("impl")
     if bind is not None:
         lax.log_p.impl = lambda *a, **k: None
