@@ -61,6 +61,9 @@ SAMPLES = [
     ("from jax.interpreters import mlir", "jax internals"), ("mlir.register_lowering(p, rule, platform='cpu')", "jax internals"),
     ("ad.primitive_jvps[p] = rule", "jax internals"), ("t = m._platform_specific_lowerings", "jax internals"),
     ("from jax import extend", "jax internals"), ("jax.extend.core.primitives.mul_p", "jax internals"),
+    # (round 6: rules rewritten in place, a primitive's own bind or class, attributes by dotted strings)
+    ("held.__setstate__((rule, (), {}, None))", "code objects"), ("mul_p.__class__ = Safe", "code objects"),
+    ("lax.mul_p.bind = bind", "code objects"), ("string.Formatter().get_field('0.x', [m], {})", "attributes by name"),
 ]
 
 
@@ -77,6 +80,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
     "doc = 'the signal of each row, threading the mask through (eval notes)'", "self.vars = x",
     "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
     "if isinstance(x, jax.core.Tracer):", "rows.extend(out)", "from jax import numpy as jnp, lax",
+    "name = x.__class__.__name__", "if p.bind == q:",
 ])
 def test_ordinary_code_is_not_flagged(line):
     assert review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n") == []
