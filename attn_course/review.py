@@ -96,6 +96,10 @@ RULES: tuple[Rule, ...] = (
                        r"|\bconcurrent\s*\.\s*futures\b|\bfrom\s+concurrent\s+import\b"
                        r"|\bos\s*\.\s*(?:system|fork|kill|popen|exec\w*|spawn\w*|_exit)\b",
           "processes, signals, sockets or threads: nothing an exercise needs"),
+    # (round 6: the classic mistake's nan gradient made 0 by the student's own custom_vjp, whose backward
+    # pass is its own pullback through nan_to_num: no check's code changed, every value right)
+    _rule("own derivative", r"\b(?:custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num)\b",
+          "a derivative of its own, or nan erased: a gradient the exercise checks may come from it, not the formula"),
     _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
     _rule("callbacks", r"\b(?:pure_callback|io_callback)\b|\bdebug\s*\.\s*callback\b",
           "Python run while the compiled program runs, after the checks that follow its trace"),
@@ -168,7 +172,8 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
                    "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
-                   "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter")
+                   "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
+                   "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num")
 
 
 def _combining_class() -> str:

@@ -64,6 +64,8 @@ SAMPLES = [
     # (round 6: rules rewritten in place, a primitive's own bind or class, attributes by dotted strings)
     ("held.__setstate__((rule, (), {}, None))", "code objects"), ("mul_p.__class__ = Safe", "code objects"),
     ("lax.mul_p.bind = bind", "code objects"), ("string.Formatter().get_field('0.x', [m], {})", "attributes by name"),
+    ("f = jax.custom_vjp(entropy)", "own derivative"), ("return (jnp.nan_to_num(g, nan=0.0),)", "own derivative"),
+    ("@jax.custom_jvp", "own derivative"), ("f.defvjp(fwd, bwd)", "own derivative"),
 ]
 
 
