@@ -90,7 +90,10 @@ RULES: tuple[Rule, ...] = (
     # list: red team, ``from jax import _src`` and ``jax.interpreters.mlir.register_lowering``)
     _rule("jax internals", r"\bjax\s*\.\s*extend\b|\b(?:_src|interpreters|jaxlib)\b"
                            r"|\bfrom\s+jax\s+import\s*\(?\s*(?:\w+(?:\s+as\s+\w+)?\s*,\s*)*(?:_src|interpreters|extend)\b"
-                           r"|\bregister_lowering\b|lowerings\b|\bprimitive_(?:jvps|transposes|linearizations|batchers)\b",
+                           r"|\bregister_lowering\b|lowerings\b|\bprimitive_(?:jvps|transposes|linearizations|batchers)\b"
+                           # (round 6: a jitted jax.numpy function's cached trace, from .trace(x).jaxpr, doctored
+                           # in place: later traces inline the doctored copy)
+                           r"|\b_?jaxpr\b|\b_(?:consts|eqns)\b",
           "JAX's rules for its primitives (lowerings, derivatives): what gradients are made of"),
     _rule("processes", r"\b(?:subprocess|multiprocessing|socket|signal|mmap|pty|threading|_thread)\b"
                        r"|\bconcurrent\s*\.\s*futures\b|\bfrom\s+concurrent\s+import\b"
@@ -173,7 +176,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
-                   "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num")
+                   "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|jaxpr|_consts|_eqns")
 
 
 def _combining_class() -> str:

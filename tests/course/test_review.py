@@ -66,6 +66,8 @@ SAMPLES = [
     ("lax.mul_p.bind = bind", "code objects"), ("string.Formatter().get_field('0.x', [m], {})", "attributes by name"),
     ("f = jax.custom_vjp(entropy)", "own derivative"), ("return (jnp.nan_to_num(g, nan=0.0),)", "own derivative"),
     ("@jax.custom_jvp", "own derivative"), ("f.defvjp(fwd, bwd)", "own derivative"),
+    ("c = jnp.log.trace(x).jaxpr", "jax internals"), ("c._jaxpr = other.jaxpr", "jax internals"),
+    ("c._consts = other.consts", "jax internals"),
 ]
 
 
