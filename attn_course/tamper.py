@@ -241,33 +241,40 @@ def _holding(container: dict, keys: list, label: Callable[[Any], str]) -> Group:
     return Group(fetch, (_SAME,) * len(checks), tuple(names))
 
 
-def _primitives(known: frozenset) -> Group:
+def _primitives(known: frozenset, named: dict) -> list[Group]:
     """That each primitive JAX had is of the class it was, with the attributes it had, each the
     same object (red team: a ``bind`` of one's own set on ``mul_p`` itself, or its ``__class__``
-    made a subclass whose ``bind`` makes 0 * x zero), and that their classes' attributes are."""
+    made a subclass whose ``bind`` makes 0 * x zero), and that their classes' attributes are.
+    ``named``: a primitive's name as a module's global, where it is one (else its own name)."""
     prims = sorted(known, key=lambda p: (str(getattr(p, "name", "")), id(p)))
     classes = sorted({type(p) for p in prims}, key=lambda c: (c.__module__, c.__qualname__))
 
-    def fields(obj: Any) -> tuple:
-        own = vars(obj)
-        return (type(obj), len(own), *own.keys(), *own.values())
+    def label(obj: Any) -> str:
+        return named.get(obj) or f"the primitive {getattr(obj, 'name', obj)}"
+
+    def shape(obj: Any) -> tuple:
+        return (type(obj), *vars(obj).keys())
 
     objects = [*prims, *classes]
-    before = tuple(fields(o) for o in objects)
-    names = tuple(f"the primitive {getattr(o, 'name', o)} (its class or attributes)" for o in prims) + tuple(
+    before = tuple(shape(o) for o in objects)
+    names = tuple(f"{label(o)} (its class or attributes)" for o in prims) + tuple(
         f"{c.__module__}.{c.__qualname__} (its attributes)" for c in classes)
 
     def fetch() -> tuple:
         out = []
         for obj, was in zip(objects, before):
             try:
-                now = fields(obj)
+                now = shape(obj)
                 out.append(_SAME if len(now) == len(was) and all(map(operator.is_, now, was)) else object())
             except Exception:  # noqa: BLE001
                 out.append(object())
         return tuple(out)
 
-    return Group(fetch, (_SAME,) * len(objects), names)
+    # which attributes, then each one's object (named by it: "...log_p.impl")
+    values = [_entries(vars(o), list(vars(o)), lambda a, c=label(o): f"{c}.{a}") for o in prims]
+    values += [_entries(vars(c), list(vars(c)), lambda a, n=f"{c.__module__}.{c.__qualname__}": f"{n}.{a}")
+               for c in classes]
+    return [Group(fetch, (_SAME,) * len(objects), names), *values]
 
 
 _SAME = "as it was"
@@ -301,6 +308,7 @@ def take() -> Baseline:
     groups: list[Group] = []
     functions: list[tuple[str, types.FunctionType]] = []  # (of the modules whose code is compared)
     primitive = getattr(sys.modules.get("jax._src.core"), "Primitive", None)
+    named: dict[Any, str] = {}  # a primitive's name as a watched module's global
     for module in _watched_modules():
         where = module.__name__
         space = module.__dict__
@@ -323,10 +331,7 @@ def take() -> Baseline:
                             functions += [(f"{where}.{key}.{a}", m) for a, m in methods
                                           if isinstance(m, types.FunctionType)]
             elif primitive is not None and isinstance(value, primitive):
-                own = vars(value)
-                attrs = [a for a, m in list(own.items()) if callable(m)]
-                if attrs:
-                    groups.append(_entries(own, attrs, lambda a, c=f"{where}.{key}": f"{c}.{a}"))
+                named.setdefault(value, f"{where}.{key}")  # (watched with every other: _primitives)
             elif callable(value):
                 keys.append(key)
                 if code and isinstance(value, types.FunctionType):
@@ -349,7 +354,7 @@ def take() -> Baseline:
                 groups.append(_none_added(inner, known, where))
                 groups.append(_holding(inner, list(inner), lambda p, c=where: f"{c}[{p}]"))
     if known:
-        groups.append(_primitives(known))
+        groups += _primitives(known, named)
     registry = sys.modules.get("attn_course.registry")
     if registry is not None:  # the exercises' own probes and functions (data of the course's, not
         # a module's globals: a red team's package swapped 3.2's probe for one that made nan 0)

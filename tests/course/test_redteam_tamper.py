@@ -402,10 +402,10 @@ def test_what_a_baseline_sees_changed():
     table[prim].__setstate__((lambda *a, **k: None, (), {}, None))
     assert f"[{prim}] (what it holds)" in sees(lambda: table[prim].__setstate__(state))
     lax.mul_p.bind = lambda *a, **k: None
-    assert sees(lambda: delattr(lax.mul_p, "bind")) == "the primitive mul (its class or attributes)"
+    assert sees(lambda: delattr(lax.mul_p, "bind")).endswith("mul_p (its class or attributes)")
     own = type("OwnPrimitive", (type(lax.mul_p),), {})
     lax.mul_p.__class__ = own
-    assert sees(lambda: setattr(lax.mul_p, "__class__", own.__mro__[1])) == "the primitive mul (its class or attributes)"
+    assert sees(lambda: setattr(lax.mul_p, "__class__", own.__mro__[1])).endswith("mul_p (its class or attributes)")
     bind = lax.log_p.__dict__.get("impl")
     if bind is not None:
         lax.log_p.impl = lambda *a, **k: None
