@@ -131,7 +131,10 @@ def describe_exit(rc: int | None) -> str:
             name = f"signal {-rc}"
         if name == "SIGSTOP":  # (the server's word for it: a stop ends no process)
             return "the worker was ended: it stopped the process it was started from"
-        extra = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (killed: a limit on memory or CPU time)",
+        # (a SIGKILL at the memory limit is seen and named before this: _memory_limit; the job's own
+        # code can send one too, to itself or its group: red team, round 7)
+        extra = {"SIGSEGV": " (segmentation fault)",
+                 "SIGKILL": " (killed: at the hard limit on CPU time, by the machine's memory, or by its own code)",
                  "SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (file size limit)"}.get(name, "")
         return f"the worker died with {name}{extra}"
     return f"the worker exited early with status {rc}"

@@ -14,9 +14,15 @@ does not have, together), so that code moved to another module or file is
 found.  A notebook's answer cells are compared as a module of their own
 (against the release notebook's answer cells) and belong to the whole too:
 a copied notebook, or library code pasted into one, is found.  A student's
-code is capped (:data:`MAX_CODE` a module, :data:`MAX_WHOLE` the whole: four
-to seven times the reference's), which bounds what one archive costs: under
-0.85 M characters to tokenise, whatever it holds (it was 2.3 M).  That code is normalised
+code is its lines of code (blank lines and lines that hold only a comment, which
+the comparison ignores anyway, are left out first: padding made of them once
+pushed a word-for-word copy past the caps unseen) and is capped
+(:data:`MAX_LINES` and :data:`MAX_CODE` a module, :data:`MAX_WHOLE` the whole:
+six to forty times the reference's), which bounds what one archive costs:
+under 0.85 M characters to tokenise and a bounded diff, whatever it holds.
+Code that a cap cut is listed in the report ("not compared in full"): a copy
+placed after enough code of another kind is not found, but the padding is
+seen.  That code is normalised
 (tokenised; names become ``V``/``F``/``O``, strings ``S``: copydetect's
 ``filter_code``), cut into k-grams and winnowed (Schleimer, Wilkerson and
 Aiken 2003; ``copydetect``).  A pair's similarity in a module is, for each of
@@ -54,7 +60,7 @@ K = 25  # k-gram length in normalised characters (copydetect's default noise thr
 WINDOW = 4  # winnowing window (copydetect's default guarantee threshold is K + WINDOW - 1)
 MAX_CODE = 25_000  # characters of one module's student code considered (the reference's largest: 3.4 k)
 MAX_WHOLE = 100_000  # characters of a student's whole library considered (the reference's: 24 k)
-MAX_LINES = 5_000  # lines of one module's student code considered (bounds difflib's cost)
+MAX_LINES = 2_000  # lines of code of one module beyond the stub's considered (bounds difflib's cost; the reference's largest: 47)
 MAX_SHOWN = 200  # pairs in the report
 SHOW_CHARS = 20_000  # characters of code shown per side in the HTML view
 ANSWERS = " (answer cells)"  # a notebook's pseudo-module: ``notebooks/ch03.ipynb (answer cells)``
@@ -83,6 +89,15 @@ class Pair:
         return max(self.similarity_a, self.similarity_b)
 
 
+@dataclass(frozen=True)
+class Cut:
+    """A student's code that a cap cut (:data:`MAX_LINES`, :data:`MAX_CODE`, :data:`MAX_WHOLE`): only its
+    first part was compared."""
+
+    student: str
+    module: str
+
+
 @dataclass
 class SimilarityReport:
     students: int
@@ -91,25 +106,64 @@ class SimilarityReport:
     pairs: list[Pair] = field(default_factory=list)
     code: dict[tuple[str, str], str] = field(default_factory=dict)  # (student, module) -> their code
     skipped: list[str] = field(default_factory=list)  # archives that could not be read (why)
+    cut: list[Cut] = field(default_factory=list)  # code not compared in full
     kept: list[str] = field(default_factory=list)  # its files the instructor edited, kept (written beside them)
 
 
-def student_code(source: str, stub: str) -> str:
-    """The lines of ``source`` that are not the stub's (what the student wrote), in order.
+@dataclass(frozen=True)
+class OwnCode:
+    """What a student wrote in one file, as compared: at most :data:`MAX_CODE` characters."""
+
+    text: str
+    cut: bool  # more than the caps allow: only the first part is in ``text``
+
+
+@dataclass
+class ClassCode:
+    """Each student's code per module, the stubs, the archives that could not be read and the code cut."""
+
+    codes: dict[str, dict[str, str]]
+    stubs: dict[str, str]
+    skipped: list[str] = field(default_factory=list)
+    cut: list[Cut] = field(default_factory=list)
+
+
+def code_lines(text: str) -> list[str]:
+    """The lines of ``text`` that hold code, trailing spaces removed: blank lines and lines that
+    are only a comment are left out (the comparison ignores them; as padding they once pushed a
+    copy past the caps)."""
+    out = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        head = line.lstrip()
+        if head and head[0] != "#":
+            out.append(line)
+    return out
+
+
+def own_code(source: str, stub: str) -> OwnCode:
+    """The lines of code of ``source`` that are not the stub's (what the student wrote), in order.
 
     Each stub line matches at most one line of ``source``, so the student's
-    first :data:`MAX_CODE` characters and :data:`MAX_LINES` lines lie in its
-    first ``len(stub) + MAX_CODE`` characters and ``stub lines + MAX_LINES``
-    lines: only those are compared.  difflib's cost grows with how often a
-    stub line repeats in ``source`` (a 2 MB file of blank lines took minutes).
+    first :data:`MAX_LINES` lines of code lie in its first ``stub lines +
+    MAX_LINES`` (only those are diffed: difflib's cost grows with how often a
+    stub line repeats in ``source``), and at most :data:`MAX_CODE` characters
+    are kept.  ``cut`` when either cap left lines out.
     """
-    a = stub.splitlines()
-    b = source[: len(stub) + MAX_CODE].splitlines()[: len(a) + MAX_LINES]
+    a = code_lines(stub)
+    lines = code_lines(source)
+    b = lines[: len(a) + MAX_LINES]
     out = []
     for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag in ("replace", "insert"):
             out += b[j1:j2]
-    return "\n".join(out)[:MAX_CODE]
+    text = "\n".join(out)
+    return OwnCode(text[:MAX_CODE], len(lines) > len(b) or len(text) > MAX_CODE)
+
+
+def student_code(source: str, stub: str) -> str:
+    """:func:`own_code`'s text."""
+    return own_code(source, stub).text
 
 
 def _fingerprint(name: str, code: str, boilerplate):
@@ -169,37 +223,47 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
 
 
 def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: Path = RELEASE_LIBRARY,
-                release_notebooks: Path = EXERCISES) -> tuple[dict[str, dict[str, str]], dict[str, str], list[str]]:
-    """Each student's code per module (the counted archive, verified again), the stubs, and unreadable archives.
+                release_notebooks: Path = EXERCISES) -> ClassCode:
+    """Each student's code per module (the counted archive, verified again), the stubs, the
+    archives that could not be read and the code a cap cut.
 
     A notebook's answer cells are a module of their own (``notebooks/chNN.ipynb (answer cells)``,
     against the release's answer cells), and part of the student's whole code (:data:`WHOLE`)."""
     stubs = {n: d.decode("utf-8", "replace") for n, d in library_files(stub_library).items()}
     notebook_stubs = {f"notebooks/{nb.name}{ANSWERS}": answer_cells(nb.read_bytes())
                       for nb in sorted(Path(release_notebooks).glob("ch*/ch*.ipynb"))}
-    codes: dict[str, dict[str, str]] = {}
-    skipped = []
+    found = ClassCode({}, {**stubs, **notebook_stubs, WHOLE: ""})
     for sid, r in sorted(latest_by_student(results).items()):
         try:
             sub = read_submission(Path(submissions) / r.archive, ASSIGNMENT)
         except (Rejected, OSError) as err:
-            skipped.append(f"{r.archive}: {err}")
+            found.skipped.append(f"{r.archive}: {err}")
             continue
         if sub.student_id != sid:
-            skipped.append(f"{r.archive}: no longer the archive that was graded")
+            found.skipped.append(f"{r.archive}: no longer the archive that was graded")
             continue
-        codes[sid] = {m: student_code(sub.files[m].decode("utf-8", "replace"), stub)
-                      for m, stub in stubs.items() if m in sub.files}
+        own: dict[str, OwnCode] = {m: own_code(sub.files[m].decode("utf-8", "replace"), stub)
+                                   for m, stub in stubs.items() if m in sub.files}
         for name, stub in notebook_stubs.items():
             if name.removesuffix(ANSWERS) in sub.files:
                 try:
-                    codes[sid][name] = student_code(answer_cells(sub.files[name.removesuffix(ANSWERS)]), stub)
+                    own[name] = own_code(answer_cells(sub.files[name.removesuffix(ANSWERS)]), stub)
                 except ValueError:
-                    skipped.append(f"{r.archive}: {name.removesuffix(ANSWERS)} is not a readable notebook")
-        own = [sub.files[m].decode("utf-8", "replace")[:MAX_CODE] for m in sorted(sub.files)
-               if m.startswith("attn_tensors/") and m not in stubs]
-        codes[sid][WHOLE] = "\n".join([code for _, code in sorted(codes[sid].items())] + own)[:MAX_WHOLE]
-    return codes, {**stubs, **notebook_stubs, WHOLE: ""}, skipped
+                    found.skipped.append(f"{r.archive}: {name.removesuffix(ANSWERS)} is not a readable notebook")
+        extra = {m: own_code(sub.files[m].decode("utf-8", "replace"), "") for m in sorted(sub.files)
+                 if m.startswith("attn_tensors/") and m not in stubs}
+        whole = "\n".join([c.text for _, c in sorted(own.items())] + [c.text for c in extra.values()])
+        found.codes[sid] = {m: c.text for m, c in own.items()} | {WHOLE: whole[:MAX_WHOLE]}
+        found.cut += [Cut(sid, m) for m, c in sorted((own | extra).items()) if c.cut]
+        if len(whole) > MAX_WHOLE:
+            found.cut.append(Cut(sid, WHOLE))
+    return found
+
+
+CUT_WHY = (f"More code than the report compares (over {MAX_LINES:,} lines or {MAX_CODE:,} characters of "
+           f"code beyond the stub in a file, or {MAX_WHOLE:,} in all; comments and blank lines do not "
+           "count): only the first part was compared, and a copy after it would not be found.  Look "
+           "at what fills these files.")
 
 
 def report_markdown(rep: SimilarityReport) -> str:
@@ -217,6 +281,11 @@ def report_markdown(rep: SimilarityReport) -> str:
                          f"| {md_inline(p.module, 80)} | {p.similarity_a:.0%} | {p.similarity_b:.0%} | {p.tokens} |")
         if len(rep.pairs) > MAX_SHOWN:
             lines += ["", f"... and {len(rep.pairs) - MAX_SHOWN} more pairs above the threshold."]
+    if rep.cut:
+        lines += ["", "## Code not compared in full", "", CUT_WHY, ""]
+        lines += [f"* {md_inline(c.student, 64)}: {md_inline(c.module, 80)}" for c in rep.cut[:MAX_SHOWN]]
+        if len(rep.cut) > MAX_SHOWN:
+            lines.append(f"* ... and {len(rep.cut) - MAX_SHOWN} more")
     if rep.skipped:
         lines += ["", "## Archives not compared", ""] + [f"* {md_inline(s, 300)}" for s in rep.skipped[:200]]
     return "\n".join(lines) + "\n"
@@ -268,15 +337,20 @@ def report_html(rep: SimilarityReport) -> str:
                      f"<p>{p.similarity_a:.0%} of {a}'s code is in {b}'s; {p.similarity_b:.0%} of {b}'s in {a}'s.</p>"
                      f"<div class='pair'><pre>{_highlighted(rep.code[(p.a, p.module)], p.slices_a)}</pre>"
                      f"<pre>{_highlighted(rep.code[(p.b, p.module)], p.slices_b)}</pre></div>")
+    if rep.cut:
+        parts.append(f"<h2 id='cut'>Code not compared in full</h2><p>{html.escape(CUT_WHY)}</p><ul>")
+        parts += [f"<li>{html.escape(plain(c.student, 64))}: {html.escape(plain(c.module, 80))}</li>"
+                  for c in rep.cut[:MAX_SHOWN]]
+        parts.append("</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
 def write_similarity(out: Path, submissions: Path, results: list[ArchiveResult], threshold: float = 0.6,
                      stub_library: Path = RELEASE_LIBRARY) -> SimilarityReport:
-    codes, stubs, skipped = class_codes(submissions, results, stub_library)
-    rep = compare_class(codes, stubs, threshold)
-    rep.skipped = skipped
+    found = class_codes(submissions, results, stub_library)
+    rep = compare_class(found.codes, found.stubs, threshold)
+    rep.skipped, rep.cut = found.skipped, found.cut
     outputs = Outputs(Path(out))  # a report the instructor annotated is kept (this run's goes beside it)
     outputs.write(Path(out) / "similarity" / "report.md", report_markdown(rep))
     outputs.write(Path(out) / "similarity" / "index.html", report_html(rep))
@@ -308,6 +382,7 @@ def main_similarity(args) -> int:
     for rel in rep.kept:
         print(f"kept {terminal(rel, 200)}, edited since it was written; this run's version is "
               f"{terminal(beside(Path(rel)).as_posix(), 200)}")
-    print(f"{len(rep.pairs)} pairs at or above {args.threshold:.0%} among {rep.students} students; "
-          f"see {out / 'similarity' / 'report.md'}")
+    cut = f"; {len(rep.cut)} files' code not compared in full (listed)" if rep.cut else ""
+    print(f"{len(rep.pairs)} pairs at or above {args.threshold:.0%} among {rep.students} students{cut}; "
+          f"see {terminal(str(out / 'similarity' / 'report.md'), 300)}")
     return 0

@@ -29,30 +29,34 @@ BODY = """    if mask is not None:
 # -- similarity ------------------------------------------------------------------------------
 
 
-def test_a_file_of_blank_lines_costs_no_more_than_its_capped_code(monkeypatch):
-    """400k blank lines (400 KB, well inside an archive's 2 MB per file) once took difflib ~10 s per module:
-    the diff is given no more than the stub's lines and MAX_LINES more, whatever the file holds."""
+def test_a_file_of_padding_costs_no_more_than_its_capped_code(monkeypatch):
+    """400k blank lines (400 KB, well inside an archive's 2 MB per file) once took difflib ~10 s per module,
+    and lines repeating the stub's commonest ones ~1 s (red team, round 7: 20 CPU-s an archive): the diff is
+    given the stub's lines of code and MAX_LINES more, whatever the file holds; blank lines and comments
+    are not code, and not counted."""
     import difflib
 
     from attn_course import similarity
+    from attn_course.similarity import code_lines, own_code
 
     stub = STUBS[MODULE]
     seen = []
     real = difflib.SequenceMatcher
 
     def matcher(junk, a, b, **kw):
-        seen.append((len(a), len(b), sum(map(len, b))))
+        seen.append((len(a), len(b)))
         return real(junk, a, b, **kw)
 
     monkeypatch.setattr(similarity.difflib, "SequenceMatcher", matcher)
-    code = student_code(stub + "\n" * 400_000 + BODY, stub)
-    (n_stub, n_lines, n_chars), = seen
-    assert n_stub == len(stub.splitlines())
-    assert n_lines <= n_stub + similarity.MAX_LINES and n_chars <= len(stub) + MAX_CODE
-    assert len(code) <= MAX_CODE
-    # what a student wrote in an ordinary file is still found whole
-    assert student_code(stub.replace("    raise NotImplementedError", BODY + "    raise NotImplementedError", 1),
-                        stub).strip() == BODY.strip()
+    n_stub = len(code_lines(stub))
+    assert student_code(stub + "\n" * 400_000 + "    # x\n" * 100_000 + BODY, stub).strip() == BODY.strip()
+    common = [line for line in stub.splitlines() if line.strip() == '"""'][0]
+    padded = own_code(stub + (common + "\n") * 200_000 + BODY, stub)
+    assert padded.cut and BODY.strip() not in padded.text and len(padded.text) <= MAX_CODE
+    assert seen == [(n_stub, n_stub + BODY.count("\n")), (n_stub, n_stub + similarity.MAX_LINES)]
+    # what a student wrote in an ordinary file is still found whole, and not cut
+    ordinary = own_code(stub.replace("    raise NotImplementedError", BODY + "    raise NotImplementedError", 1), stub)
+    assert ordinary.text.strip() == BODY.strip() and not ordinary.cut
 
 
 def test_the_caps_bound_an_archive_and_leave_honest_code_whole():
@@ -63,8 +67,13 @@ def test_the_caps_bound_an_archive_and_leave_honest_code_whole():
     from attn_course.similarity import MAX_WHOLE
 
     ref = library_files(ROOT)
-    code = {m: student_code(ref[m].decode(), stub) for m, stub in STUBS.items() if m in ref}
+    from attn_course.similarity import MAX_LINES, own_code
+
+    own = {m: own_code(ref[m].decode(), stub) for m, stub in STUBS.items() if m in ref}
+    assert not any(c.cut for c in own.values())
+    code = {m: c.text for m, c in own.items()}
     assert 4 * max(map(len, code.values())) <= MAX_CODE and 4 * sum(map(len, code.values())) <= MAX_WHOLE
+    assert 4 * max(len(c.splitlines()) for c in code.values()) <= MAX_LINES
     notebooks = len(list(EXERCISES.glob("ch*/ch*.ipynb")))  # their answer cells: one module each
     assert (len(STUBS) + notebooks) * MAX_CODE + MAX_WHOLE <= 850_000  # characters tokenised for one archive
 

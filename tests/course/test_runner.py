@@ -526,3 +526,13 @@ def test_a_poll_returns_a_bounded_number_of_messages_and_reads_a_long_line_once(
         server.proc = None
         Proc.stdout.close()
         os.close(w)
+
+
+def test_a_kill_is_not_blamed_on_a_limit_alone():
+    """A job that sends itself SIGKILL (``os.kill(-1, SIGKILL)``: red team, round 7) was told it was
+    "killed: a limit on memory or CPU time"; the memory limit is named apart (``_memory_limit``)."""
+    from attn_course.runner import describe_exit
+
+    text = describe_exit(-9)
+    assert "SIGKILL" in text and "its own code" in text and "CPU time" in text
+    assert describe_exit(128 + 9) == text

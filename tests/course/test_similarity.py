@@ -14,7 +14,7 @@ STUB = library_files(RELEASE_LIBRARY)
 MODULE = "attn_tensors/statmech.py"
 RAISE = "    raise NotImplementedError('Exercise 3.1:"
 
-ORIGINAL = """    # </pre><script>alert('x')</script>
+ORIGINAL = """    note = "</pre><script>alert('x')</script>"
     if mask is not None:
         S = xp.where(mask, S, -xp.inf)
     peak = xp.max(S / T, axis=-1, keepdims=True)
@@ -22,7 +22,7 @@ ORIGINAL = """    # </pre><script>alert('x')</script>
     shifted = xp.log(total)
     return shifted + peak[..., 0]
 """
-RENAMED = """    # my own work
+RENAMED = """    remark = "my own work"
     if mask is not None:
         S = xp.where(mask, S, -xp.inf)
     biggest = xp.max(S / T, axis=-1, keepdims=True)
@@ -170,3 +170,35 @@ def test_copied_notebook_answers_are_found(tmp_path):
     rep = write_similarity(tmp_path / "grading", subs, results, threshold=0.6)
     assert {(p.a, p.b, p.module) for p in rep.pairs} == {("ada", "bea", f"notebooks/ch03.ipynb{ANSWERS}")}, rep.pairs
     assert any("eve.zip" in s and "not a readable notebook" in s for s in rep.skipped), rep.skipped
+
+
+def test_padding_hides_no_copy_and_code_past_the_caps_is_listed(tmp_path):
+    """Red team, round 7: a word-for-word copy behind one comment line of 25 k characters, or 6,000
+    blank lines, at the top of the module made no pair (the caps counted them: nothing after them was
+    compared).  Comments and blank lines are not code; code past the caps (a copy behind 2,500 lines of
+    code of another kind) is listed as not compared in full, in the report and its HTML view."""
+    from attn_course.similarity import Cut
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    copy = _with_31(ORIGINAL)
+
+    def padded(pad: str) -> dict[str, bytes]:
+        return dict(copy, **{MODULE: pad.encode() + copy[MODULE]})
+
+    who = {"ada": copy, "bea": padded("# notes " * 3_200 + "\n"), "cy": padded("\n" * 6_000),
+           "dee": _with_31(OTHER), "eve": padded("".join(f"x_{k} = {k}\n" for k in range(2_500)))}
+    results = []
+    for sid, files in who.items():
+        build_archive(subs / f"{sid}.zip", sid, files)
+        results.append(ArchiveResult(f"{sid}.zip", "", "fp", ["3.1"], received=1.0, student_id=sid, identity="ok"))
+    out = tmp_path / "grading"
+    rep = write_similarity(out, subs, results, threshold=0.6)
+    pairs = {(p.a, p.b) for p in rep.pairs if p.module == MODULE}
+    assert {("ada", "bea"), ("ada", "cy"), ("bea", "cy")} <= pairs, rep.pairs
+    assert not any("dee" in pair or "eve" in pair for pair in pairs), pairs
+    assert rep.cut == [Cut("eve", MODULE)], rep.cut
+    md = (out / "similarity" / "report.md").read_text()
+    assert "## Code not compared in full" in md and f"* eve: {MODULE}" in md.replace("\\", ""), md[-800:]
+    page = (out / "similarity" / "index.html").read_text()
+    assert "Code not compared in full" in page and f"<li>eve: {MODULE}</li>" in page
