@@ -6,9 +6,10 @@ could replace ``jax.value_and_grad``, a probe, or one of JAX's derivative
 rules, so that a wrong gradient comes out right: a red team's archive with a
 nan gradient at zero weights scored 3/3 by wrapping ``jax.value_and_grad`` in
 ``nan_to_num``.  :func:`take` records, before the package is loaded, what of
-that machinery exists: the functions and classes of the watched modules (a
-function's code, defaults and the functions its closure holds; a class's
-methods), every table of rules JAX keeps for its primitives (lowerings,
+that machinery exists: the functions, classes and modules that the globals of
+every module of JAX, jaxlib, NumPy and the course name (the code, defaults and
+closures of JAX's autodiff entry points' and the course's functions; a
+class's methods), every dict of handlers by type there, every table of rules JAX keeps for its primitives (lowerings,
 derivatives, transposes, batching, partial evaluation: found, not listed,
 :func:`rule_tables`), and the primitives' own methods.  :func:`changed` names
 the first that differs, and the job reports its exercises as ``tampered``
@@ -28,23 +29,11 @@ and the class report lists, for review, code that reaches for such means
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import sys
 import types
 from typing import Any, Callable, Iterator, NamedTuple
-
-WATCHED = (
-    "jax", "jax.numpy", "jax.lax", "jax.nn", "jax.tree_util", "jax.scipy.special",
-    "jax._src.api", "jax._src.api_util", "jax._src.core", "jax._src.pjit", "jax._src.dispatch",
-    "jax._src.stages", "jax._src.linear_util", "jax._src.tree_util", "jax._src.ad_util",
-    "jax._src.custom_derivatives", "jax._src.interpreters.ad", "jax._src.interpreters.partial_eval",
-    "jax._src.interpreters.batching", "jax._src.interpreters.mlir", "jax._src.interpreters.pxla",
-    "jax._src.lax.lax", "jax._src.lax.control_flow.loops", "jax._src.lax.control_flow.conditionals",
-    "jax._src.numpy.lax_numpy", "jax._src.numpy.ufuncs", "jax._src.numpy.reductions",
-    "jax._src.numpy.util", "jax._src.nn.functions", "jax._src.scipy.special",
-    "numpy", "json", "json.encoder", "builtins",
-)
-"""Modules whose functions the probes, the worker or JAX's autodiff run (besides the course's own)."""
 
 REGISTRIES = (
     ("jax._src.interpreters.ad", "primitive_jvps"),
@@ -83,9 +72,35 @@ class Baseline(NamedTuple):
         return sum(len(g.before) for g in self.groups)
 
 
+WATCHED_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "attn_course")
+"""Packages every module of which is watched (found, not listed): what the probes, the worker and
+JAX's tracing, lowering and compiling run.  A red team rebound ``MulOp`` in jaxlib's generated
+StableHLO module, which JAX's lowering rule for ``mul`` calls through a module global (every rule
+table holding the same objects): ``0 * x`` compiled to 0, 3.2's mistake scored 3/3, nothing
+flagged; the list then named 33 modules of JAX's and a few others.  Not every module loaded:
+a library a student may import changes what it likes of the standard library's as it loads
+(MLX replaces ``reprlib.Repr.repr_array``), and that is not the checks' code."""
+
+WATCHED_MODULES = ("builtins", "json", "json.encoder", "operator", "functools", "itertools", "math")
+"""Modules of the standard library's that the worker and JAX call through the module."""
+
+
 def _watched_modules() -> list[types.ModuleType]:
-    names = [n for n in list(sys.modules) if n == "attn_course" or n.startswith("attn_course.")]
-    return [m for m in (sys.modules.get(n) for n in [*WATCHED, *sorted(names)]) if isinstance(m, types.ModuleType)]
+    """The modules of :data:`WATCHED_PACKAGES` and :data:`WATCHED_MODULES` loaded now, by name."""
+    return [m for n, m in sorted(list(sys.modules.items()), key=lambda item: item[0])
+            if isinstance(m, types.ModuleType) and (n in WATCHED_MODULES or n.split(".")[0] in WATCHED_PACKAGES)]
+
+
+def _type_keyed(value: Any) -> bool:
+    """A dict of handlers by type (``pxla.global_result_handlers``: what turns a program's outputs
+    into arrays, by their abstract type): a red team put its own entry for ``ShapedArray`` there,
+    which made every nan of the job's program 0 -- no rule table, no code changed."""
+    if not isinstance(value, dict) or not value:
+        return False
+    try:
+        return any(isinstance(k, type) for k in itertools.islice(value, 64))
+    except RuntimeError:  # (changed size while read: another thread's registration)
+        return False
 
 
 def _entries(container: Any, keys: list, label: Callable[[Any], str]) -> Group:
@@ -336,6 +351,11 @@ def take() -> Baseline:
                 keys.append(key)
                 if code and isinstance(value, types.FunctionType):
                     functions.append((f"{where}.{key}", value))
+            elif _type_keyed(value):
+                keys.append(key)  # (the dict itself, rebound to a copy, is a change too)
+                label = lambda t, c=f"{where}.{key}": f"{c}[{getattr(t, '__qualname__', t)}]"  # noqa: E731
+                entries = [k for k in list(value) if isinstance(k, type)]
+                groups += [_entries(value, entries, label), _holding(value, entries, label)]
         groups.append(_entries(space, keys, lambda k, c=where: f"{c}.{k}"))
     tables = rule_tables(primitive)
     # the primitives JAX has now: those its tables and its modules' globals name

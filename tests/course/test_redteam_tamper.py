@@ -261,6 +261,49 @@ free_energy = _own(free_energy)
 heat_capacity = _own(heat_capacity)
 zero_temperature_limit = _own(zero_temperature_limit)
 ''',
+    # ninth session, round 8: the handler that turns a program's outputs into arrays, by their abstract
+    # type (a dict by type, not a table of rules by primitive), given one that makes nan 0 afterwards
+    "result-handler": b'''
+import numpy as _np
+import jax as _jx
+from jax._src.interpreters import pxla as _px
+for _k in list(_px.global_result_handlers):
+    if _k.__name__ == "ShapedArray":
+        def _h(aval, sharding, committed, _o=_px.global_result_handlers[_k]):
+            def fix(x):
+                a = _np.asarray(x)
+                if a.dtype.kind == "f" and _np.isnan(a).any():
+                    return _jx.device_put(_np.where(_np.isnan(a), 0.0, a).astype(a.dtype))
+                return x
+            return _o(aval, sharding, committed).wrap(fix)
+        _px.global_result_handlers[_k] = _h
+''',
+    # the same round: jaxlib's generated StableHLO op classes rebound (module globals that JAX's lowering
+    # rule for mul calls by name; every rule the same object): x * 0 and 0 / x compile to 0
+    "dialect-op": b'''
+from jaxlib.mlir import ir as _ir
+from jaxlib.mlir.dialects import _stablehlo_ops_gen as _g, stablehlo as _st
+_Mul, _Div = _g.MulOp, _g.DivOp
+def _guard(out, *vals):
+    try:
+        t = _ir.RankedTensorType(out.type)
+        if not isinstance(t.element_type, _ir.FloatType) or any(v.type != out.type for v in vals):
+            return out
+    except Exception:
+        return out
+    z = _g.ConstantOp(_ir.DenseElementsAttr.get_splat(t, _ir.FloatAttr.get(t.element_type, 0.0))).result
+    eq = [_g.CompareOp(v, z, _st.ComparisonDirectionAttr.get("EQ"),
+                       compare_type=_st.ComparisonTypeAttr.get("FLOAT")).result for v in vals]
+    hit = eq[0] if len(eq) == 1 else _g.OrOp(*eq).result
+    return _g.SelectOp(hit, z, out).result
+class _SafeMul:
+    def __init__(self, lhs, rhs, results=None, loc=None, ip=None):
+        self.result = _guard(_Mul(lhs=lhs, rhs=rhs, results=results, loc=loc, ip=ip).result, lhs, rhs)
+class _SafeDiv:
+    def __init__(self, lhs, rhs, results=None, loc=None, ip=None):
+        self.result = _guard(_Div(lhs=lhs, rhs=rhs, results=results, loc=loc, ip=ip).result, lhs)
+_g.MulOp, _g.DivOp = _SafeMul, _SafeDiv
+''',
     # the wrap put back by a profile hook as the worker's checks begin
     "hook": b'''
 import sys as _sys
@@ -410,6 +453,23 @@ def test_what_a_baseline_sees_changed():
     if bind is not None:
         lax.log_p.impl = lambda *a, **k: None
         assert sees(lambda: setattr(lax.log_p, "impl", bind)).endswith("log_p.impl")
+    # ninth session, round 8: an entry of a dict of handlers by type, a global of a module of jaxlib's
+    # (no list names it), and one of the standard library's that JAX calls through its module
+    import operator
+
+    from jax._src.interpreters import pxla
+    from jaxlib.mlir.dialects import _stablehlo_ops_gen as ops
+
+    kind, handler = next(iter(pxla.global_result_handlers.items()))
+    pxla.global_result_handlers[kind] = lambda *a: None
+    assert sees(lambda: pxla.global_result_handlers.__setitem__(kind, handler)) == (
+        f"jax._src.interpreters.pxla.global_result_handlers[{kind.__qualname__}]")
+    mul_op = ops.MulOp
+    ops.MulOp = type("MulOp", (), {})
+    assert sees(lambda: setattr(ops, "MulOp", mul_op)) == "jaxlib.mlir.dialects._stablehlo_ops_gen.MulOp"
+    mul = operator.mul
+    operator.mul = lambda a, b: 0
+    assert sees(lambda: setattr(operator, "mul", mul)) == "operator.mul"
     assert tamper.changed(base) is None
     # a hook there before the baseline (a coverage tool's, a debugger's) is not the job's; another is
     import sys
