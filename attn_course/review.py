@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
 from .notebook_cells import answer_cells
-from .text import plain
+from .text import plain, python_lines, python_source
 
 MAX_TEXT = 1 << 20  # characters of a module read (a submission's module is far smaller)
 # characters an archive may have tokenized to blank its strings and comments (the whole library is
@@ -84,7 +84,10 @@ RULES: tuple[Rule, ...] = (
                           r"|\b(?:Code|Function)Type\b|\bcell_contents\b|\.\s*bind\s*=(?!=)",
           "rewrites functions (its own, or the checks')"),
     _rule("builtins", r"\b__builtins__\b|\bimport\s+builtins\b|\bbuiltins\s*\.", "changes what every module sees"),
-    _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b|\bpkgutil\b|\bresolve_name\b",
+    # (round 8 of the ninth session: pydoc.locate("jax._src.interpreters.pxla") reached a module whose
+    # name was only a string, which the review blanks)
+    _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b|\bpkgutil\b|\bresolve_name\b"
+                          r"|\b(?:pydoc|runpy|zipimport|zipimporter)\b|\blocate\s*\(",
           "code or modules the grader cannot read in the archive"),
     # (the public modules that reach the same rules too, and their names in a ``from jax import``
     # list: red team, ``from jax import _src`` and ``jax.interpreters.mlir.register_lowering``)
@@ -139,7 +142,8 @@ def _code_lines(text: str) -> list[str]:
     lines as they are where the text does not tokenize (a syntax error: the import fails
     anyway, but it is read).  Each line is rebuilt once, from its blanked spans (rebuilt at each
     of a line's strings, a line of a million ``'',`` took a minute of the grader's time)."""
-    lines = text.splitlines()
+    text = python_source(text)
+    lines = python_lines(text)
     spans: dict[int, list[tuple[int, int]]] = {}
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -149,7 +153,7 @@ def _code_lines(text: str) -> list[str]:
             for row in range(r0, r1 + 1):
                 spans.setdefault(row - 1, []).append((c0 if row == r0 else 0, c1 if row == r1 else len(lines[row - 1])))
     except (tokenize.TokenError, SyntaxError, IndexError, RecursionError, MemoryError):
-        return text.splitlines()
+        return lines
     for row, blanks in spans.items():
         if row >= len(lines):
             continue
@@ -174,6 +178,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|lowering|primitive_|subprocess"
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
                    "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
+                   "|pydoc|runpy|zipimport|locate"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
                    "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|jaxpr|_consts|_eqns")
@@ -210,7 +215,7 @@ def _as_python_reads(text: str) -> str:
 @functools.lru_cache(maxsize=512)
 def _known(stub: str) -> frozenset[str]:
     """The release's lines, stripped (the release's texts are the same objects for every archive)."""
-    return frozenset(line.strip() for line in _as_python_reads(stub).splitlines())
+    return frozenset(line.strip() for line in python_lines(_as_python_reads(stub)))
 
 
 def review_text(where: str, text: str, stub: str = "", budget: list[int] | None = None) -> list[Flag]:
@@ -223,8 +228,8 @@ def review_text(where: str, text: str, stub: str = "", budget: list[int] | None 
     # module of them held the grader 22 s, an archive of seven 80 s: red team)
     text = _as_python_reads(written)[:MAX_TEXT]
     known = _known(stub)
-    lines = text.splitlines()
-    shown = written.splitlines()  # (a line is listed as it was written)
+    lines = python_lines(text)
+    shown = python_lines(written)  # (a line is listed as it was written)
     if len(shown) != len(lines):
         shown = lines
     new = [i for i, line in enumerate(lines) if line.strip() not in known]
@@ -280,7 +285,7 @@ def ran_flags(ran: Iterable, files: Mapping[str, str]) -> list[Flag]:
         if any(f.rule == r.rule for f in flags):
             continue
         if r.file in files:
-            lines = files[r.file].splitlines()
+            lines = python_lines(files[r.file])
             text = lines[r.line - 1] if 1 <= r.line <= len(lines) else ""
             flags.append(Flag(f"{r.file}:{r.line} (as it ran)", r.rule, plain(text.strip(), 160, newlines=False)))
         else:

@@ -141,3 +141,17 @@ def csv_cell(s: object, limit: int = 1000) -> str:
             or head and unicodedata.normalize("NFKC", head[0])[:1] in tuple(_CSV_FORMULA)):
         text = "'" + text
     return text
+
+
+def python_source(text: str) -> str:
+    """``text`` with its line ends as Python reads them: ``\\r\\n`` and a lone ``\\r`` made ``\\n``.
+    (``str.splitlines`` also breaks at ``\\x0b``, ``\\x0c``, ``\\x1c``-``\\x1e``, ``\\x85``,
+    ``\\u2028`` and ``\\u2029``, which Python does not: a comment holding one hid the next line's
+    ``exec(`` from the review, every later line's string blanked one line too high -- red team.)"""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def python_lines(text: str) -> list[str]:
+    """The lines of ``text`` as Python numbers them (:func:`python_source`; no empty last line)."""
+    lines = python_source(text).split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines

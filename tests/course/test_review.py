@@ -46,6 +46,8 @@ SAMPLES = [
     ("f = next(traceback.walk_tb(e.__traceback__))[0]", "hooks"), ("inspect.getinnerframes(tb)", "hooks"),
     ("inspect.trace()", "hooks"), ("inspect.getattr_static(t, 'f_' + 'back')", "attributes by name"),
     ("pkgutil.resolve_name('attn_' + 'course.worker')", "dynamic code"),
+    ("pxla = pydoc.locate('jax._src.interpreters.pxla')", "dynamic code"), ("from pydoc import locate", "dynamic code"),
+    ("runpy.run_path(path)", "dynamic code"), ("zipimport.zipimporter(path)", "dynamic code"),
     # (round 12: sys under another name, an attribute set or read through object's own methods)
     ("_s.modules['attn_' + 'course.specs.ch03']", "sys.modules"), ("object.__setattr__(e, 'probe', p)", "attributes by name"),
     ("operator.methodcaller('__getattri' 'bute__', n)(o)", "attributes by name"),
@@ -684,3 +686,16 @@ def test_a_jobs_callable_run_by_the_grader_is_the_jobs(tmp_path):
                      "try:\n    worker.as_graded(functools.partial(ctypes.CDLL, None))()\n"
                      "except Exception:\n    pass\n")
     assert got == [("gc", "", 0), ("ctypes", "", 0)], got
+
+
+@pytest.mark.parametrize("sep", ["\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x0b", "\x0c", "\r", "\r\n"])
+def test_lines_are_numbered_as_python_numbers_them(sep):
+    """Red team (ninth session, round 9): a comment holding a character that ``str.splitlines`` breaks
+    at and Python does not (``\\x1c``, ``\\u2028``...) shifted every later string's blanking one line
+    up, onto code: the next line's ``exec(`` went unflagged, and ran.  A line end Python does read
+    (``\\r``, ``\\r\\n``) numbers the lines as Python does."""
+    text = f"x = 1  # note{sep}more\nexec('y = 2')\n'''a\nstring'''\nz = 2\n"
+    compile(text, "m.py", "exec")  # (valid Python: what the grader would run)
+    flags = review_text("m.py", text)
+    line = 3 if sep in ("\r", "\r\n") else 2
+    assert [(f.where, f.rule) for f in flags] == [(f"m.py:{line}", "dynamic code")], flags
