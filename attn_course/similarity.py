@@ -14,10 +14,11 @@ does not have, together), so that code moved to another module or file is
 found.  A notebook's answer cells are compared as a module of their own
 (against the release notebook's answer cells) and belong to the whole too:
 a copied notebook, or library code pasted into one, is found.  A student's
-code is its lines of code (blank lines and lines that hold only a comment, which
-the comparison ignores anyway, are left out first: padding made of them once
-pushed a word-for-word copy past the caps unseen) and is capped
-(:data:`MAX_LINES` and :data:`MAX_CODE` a module, :data:`MAX_WHOLE` the whole:
+code is its statements as Python's tokenizer reads them (:func:`code_lines`:
+comments, blank lines and statements that do nothing left out, each statement
+whole on a line of its own: padding, stray quotes and ``;`` once hid a
+word-for-word copy) and is capped (:data:`MAX_SOURCE` read,
+:data:`MAX_LINES` and :data:`MAX_CODE` a module, :data:`MAX_WHOLE` the whole:
 six to forty times the reference's), which bounds what one archive costs:
 under 0.85 M characters to tokenise and a bounded diff, whatever it holds.
 Code that a cap cut is listed in the report ("not compared in full"): a copy
@@ -43,6 +44,8 @@ from __future__ import annotations
 
 import difflib
 import html
+import io
+import tokenize
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -53,16 +56,17 @@ from .archive import Rejected, library_files, read_submission
 from .notebook_cells import answer_cells
 from .outputs import Outputs, beside
 from .results import ArchiveResult, latest_by_student
-from .text import CUT, md_inline, plain, terminal
+from .text import CUT, md_inline, plain, python_source, terminal
 from .workspace import ASSIGNMENT
 
 K = 25  # k-gram length in normalised characters (copydetect's default noise threshold)
 WINDOW = 4  # winnowing window (copydetect's default guarantee threshold is K + WINDOW - 1)
 MAX_CODE = 25_000  # characters of one module's student code considered (the reference's largest: 3.4 k)
 MAX_WHOLE = 100_000  # characters of a student's whole library considered (the reference's: 24 k)
+MAX_SOURCE = 200_000  # characters of a file read past the stub's length (bounds the tokenizer's cost)
 MAX_LINES = 2_000  # lines of code of one module beyond the stub's considered (bounds difflib's cost; the reference's largest: 47)
 MAX_SHOWN = 200  # pairs in the report
-SHOW_CHARS = 20_000  # characters of code shown per side in the HTML view
+SHOW_CHARS = 20_000  # characters of the HTML view per side, as escaped (what a pair adds to the page: twice that)
 ANSWERS = " (answer cells)"  # a notebook's pseudo-module: ``notebooks/ch03.ipynb (answer cells)``
 WHOLE = "attn_tensors (all modules)"
 """The pseudo-module of a student's whole library: the code of every module, every file the
@@ -128,37 +132,83 @@ class ClassCode:
     cut: list[Cut] = field(default_factory=list)
 
 
+NO_OPS = frozenset({"pass", "...", "S"})  # statements that do nothing ("S": only strings)
+
+
 def code_lines(text: str) -> list[str]:
-    """The lines of ``text`` that hold code, trailing spaces removed: blank lines and lines that
-    are only a comment are left out (the comparison ignores them; as padding they once pushed a
-    copy past the caps)."""
-    out = []
-    for line in text.splitlines():
-        line = line.rstrip()
-        head = line.lstrip()
-        if head and head[0] != "#":
-            out.append(line)
-    return out
+    """The statements of ``text`` as Python reads them, one a line, each whole.
+
+    Python's own tokenizer reads the text (its line ends, :func:`attn_course.text.python_source`):
+    comments, blank lines and statements that do nothing (``pass``, ``...``, a string alone: a
+    docstring) are left out, a string that spans lines is written on one (its line ends as
+    ``\\n``), statements that ``;`` joins are put on lines of their own, and a statement that
+    continues over lines is one line (indented by its depth).  No line then starts or ends inside
+    a string or a comment, whichever lines the diff keeps: a red team's copy hid behind one
+    comment line holding ``\x1c`` or ``\u2028`` (a line end to ``str.splitlines``, not to Python)
+    and a ``\"""`` after it, which opened a string to the comparison's lexer that swallowed the
+    rest of the module; statements that ``;`` ended or ``pass`` lines split broke every k-gram.
+    Where the text does not tokenize (it would not import either), the rest is kept as it is,
+    line by line.
+    """
+    text = python_source(text)
+    out: list[str] = []
+    parts: list[str] = []
+    kinds: list[str] = []
+    depth, last, done = 0, None, 0
+
+    def end() -> None:
+        if parts and "".join(kinds) not in NO_OPS and set(kinds) != {"S"}:
+            out.append("    " * depth + "".join(parts))
+        parts.clear()
+        kinds.clear()
+
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            kind = tok.type
+            if kind in (tokenize.NEWLINE, tokenize.ENDMARKER) or (kind == tokenize.OP and tok.string == ";"):
+                end()
+                done = tok.end[0] if kind == tokenize.NEWLINE else done
+                last = None
+                continue
+            if kind == tokenize.INDENT:
+                depth += 1
+            elif kind == tokenize.DEDENT:
+                depth = max(depth - 1, 0)
+            if kind in (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+                continue
+            piece = tok.string.replace("\n", "\\n") if kind == tokenize.STRING else tok.string
+            if parts and last is not None and tok.start != last:
+                parts.append(" ")
+            parts.append(piece)
+            kinds.append("S" if kind == tokenize.STRING else tok.string)
+            last = tok.end
+        return out
+    except (tokenize.TokenError, SyntaxError, RecursionError, MemoryError):
+        rest = text.split("\n")[done:]
+        return out + [line.rstrip() for line in rest if line.strip() and not line.lstrip().startswith("#")]
 
 
 def own_code(source: str, stub: str) -> OwnCode:
     """The lines of code of ``source`` that are not the stub's (what the student wrote), in order.
 
-    Each stub line matches at most one line of ``source``, so the student's
-    first :data:`MAX_LINES` lines of code lie in its first ``stub lines +
-    MAX_LINES`` (only those are diffed: difflib's cost grows with how often a
-    stub line repeats in ``source``), and at most :data:`MAX_CODE` characters
-    are kept.  ``cut`` when either cap left lines out.
+    Lines are statements, as :func:`code_lines` reads them from the first
+    :data:`MAX_SOURCE` characters past the stub's length (Python's tokenizer
+    reads 2 MB in a second or two).  Each stub line matches at most one line
+    of ``source``, so the student's first :data:`MAX_LINES` lines of code lie
+    in its first ``stub lines + MAX_LINES`` (only those are diffed: difflib's
+    cost grows with how often a stub line repeats in ``source``), and at most
+    :data:`MAX_CODE` characters are kept.  ``cut`` when a cap left any out.
     """
     a = code_lines(stub)
-    lines = code_lines(source)
+    read = source[: len(stub) + MAX_SOURCE]
+    lines = code_lines(read)
     b = lines[: len(a) + MAX_LINES]
     out = []
     for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag in ("replace", "insert"):
             out += b[j1:j2]
     text = "\n".join(out)
-    return OwnCode(text[:MAX_CODE], len(lines) > len(b) or len(text) > MAX_CODE)
+    return OwnCode(text[:MAX_CODE], len(read) < len(source) or len(lines) > len(b) or len(text) > MAX_CODE)
 
 
 def student_code(source: str, stub: str) -> str:
@@ -298,7 +348,22 @@ def _shown(text: str) -> str:
     it: code indented with tabs keeps its shape.
     """
     text = text.replace("\t", "    ")
-    return html.escape(plain(text, max(len(text), len(CUT) + 1), newlines=True)) if text else ""
+    return html.escape(plain(text, max(len(text), len(CUT) + 1), newlines=True), quote=False) if text else ""
+
+
+_WIDE = {"&": 5, "<": 4, ">": 4, "\t": 4}  # what a character becomes in the view (escaped; a tab: an indent)
+
+
+def _fits(code: str, limit: int) -> int:
+    """How many of ``code``'s first characters the view shows in at most ``limit`` characters: a
+    red team's code of quotes, escaped six times longer, made a 48 MB page of 200 pairs; the view's
+    cap counts what escaping makes of each character."""
+    total = 0
+    for n, c in enumerate(code):
+        total += _WIDE.get(c, 1)
+        if total > limit:
+            return n
+    return len(code)
 
 
 def _highlighted(code: str, slices: tuple[tuple[int, int], ...]) -> str:
@@ -308,7 +373,7 @@ def _highlighted(code: str, slices: tuple[tuple[int, int], ...]) -> str:
     first and each piece cleaned afterwards: characters that :func:`plain`
     removes (zero-width, escapes) cannot shift a highlight off the copy.
     """
-    shown = code[:SHOW_CHARS]
+    shown = code[:_fits(code[:SHOW_CHARS], SHOW_CHARS)]
     out, pos = [], 0
     for start, end in sorted(slices):
         start, end = max(start, pos), min(end, len(shown))
@@ -317,7 +382,7 @@ def _highlighted(code: str, slices: tuple[tuple[int, int], ...]) -> str:
         out += [_shown(shown[pos:start]), "<mark>", _shown(shown[start:end]), "</mark>"]
         pos = end
     out.append(_shown(shown[pos:]))
-    if len(code) > SHOW_CHARS:
+    if len(code) > len(shown):
         out.append(CUT)
     return "".join(out)
 

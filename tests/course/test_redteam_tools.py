@@ -34,6 +34,7 @@ def test_a_file_of_padding_costs_no_more_than_its_capped_code(monkeypatch):
     and lines repeating the stub's commonest ones ~1 s (red team, round 7: 20 CPU-s an archive): the diff is
     given the stub's lines of code and MAX_LINES more, whatever the file holds; blank lines and comments
     are not code, and not counted."""
+    import collections
     import difflib
 
     from attn_course import similarity
@@ -49,11 +50,15 @@ def test_a_file_of_padding_costs_no_more_than_its_capped_code(monkeypatch):
 
     monkeypatch.setattr(similarity.difflib, "SequenceMatcher", matcher)
     n_stub = len(code_lines(stub))
-    assert student_code(stub + "\n" * 400_000 + "    # x\n" * 100_000 + BODY, stub).strip() == BODY.strip()
-    common = [line for line in stub.splitlines() if line.strip() == '"""'][0]
-    padded = own_code(stub + (common + "\n") * 200_000 + BODY, stub)
-    assert padded.cut and BODY.strip() not in padded.text and len(padded.text) <= MAX_CODE
-    assert seen == [(n_stub, n_stub + BODY.count("\n")), (n_stub, n_stub + similarity.MAX_LINES)]
+    padding = "\n" * 100_000 + "    # x\n" * 10_000 + '    """\n' * 2_000  # (a string alone does nothing)
+    assert len(padding) < similarity.MAX_SOURCE
+    found = own_code(stub + padding + BODY, stub)
+    assert found.text.strip() == BODY.strip() and not found.cut, found.text[:200]
+    assert own_code(stub + "\n" * similarity.MAX_SOURCE + BODY, stub).cut  # (read up to MAX_SOURCE only)
+    common = collections.Counter(code_lines(stub)).most_common(1)[0][0]
+    padded = own_code(stub + (common + "\n") * 200_000, stub)
+    assert padded.cut and len(padded.text) <= MAX_CODE
+    assert seen[0] == (n_stub, n_stub + BODY.count("\n")) and seen[-1] == (n_stub, n_stub + similarity.MAX_LINES), seen
     # what a student wrote in an ordinary file is still found whole, and not cut
     ordinary = own_code(stub.replace("    raise NotImplementedError", BODY + "    raise NotImplementedError", 1), stub)
     assert ordinary.text.strip() == BODY.strip() and not ordinary.cut
@@ -188,3 +193,16 @@ def test_grade_refuses_an_out_folder_it_did_not_write_and_leaves_it_untouched(tm
     claim_output(ours)
     claim_output(tmp_path / "new" / "grading")
     assert oct(ours.stat().st_mode & 0o777) == oct((tmp_path / "new" / "grading").stat().st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.parametrize("fill", ["'", "<", "&", "\t"])
+def test_the_view_of_a_pair_is_capped_as_escaped(fill):
+    """Red team (ninth session, round 9): ten archives of one line of 19,986 quotes each, within every
+    cap, made a 48 MB index.html (the view's cap counted characters before escaping made each six)."""
+    from attn_course.similarity import SHOW_CHARS
+
+    code = "    note = \"" + fill * 24_000 + "\"\n" + BODY
+    rep = compare_class({"a": {MODULE: code}, "b": {MODULE: code}}, {MODULE: STUBS[MODULE]}, 0.5)
+    assert [(p.a, p.b) for p in rep.pairs] == [("a", "b")]
+    for pre in re.findall(r"<pre>(.*?)</pre>", report_html(rep), re.S):
+        assert len(re.sub(r"</?mark>", "", pre)) <= SHOW_CHARS + len("[...]"), len(pre)

@@ -202,3 +202,37 @@ def test_padding_hides_no_copy_and_code_past_the_caps_is_listed(tmp_path):
     assert "## Code not compared in full" in md and f"* eve: {MODULE}" in md.replace("\\", ""), md[-800:]
     page = (out / "similarity" / "index.html").read_text()
     assert "Code not compared in full" in page and f"<li>eve: {MODULE}</li>" in page
+
+
+def test_what_python_ignores_hides_no_copy(tmp_path):
+    """Red team (ninth session, round 9): a comment holding ``\\x1c`` or ``\\u2028`` (a line end to
+    ``str.splitlines``, not to Python) then ``\\\"\"\"``, or a string constant closed on a line that
+    starts with ``#``, opened a string to the comparison's lexer that swallowed the module: no pair,
+    nothing listed; ``;`` after each statement or a ``pass`` before it broke every k-gram; reordered
+    functions left docstrings' pieces read as code.  Each is read as Python reads it now."""
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    copy = _with_31(ORIGINAL)[MODULE].decode()
+    head, rest = copy.split("from __future__ import annotations\n", 1)
+    head += "from __future__ import annotations"
+
+    def lines_of(body: str, edit) -> str:
+        return copy.replace(ORIGINAL, "".join(edit(line) + "\n" for line in body.splitlines()))
+
+    variants = {
+        "opener": head + '\n_QUOTE = """\\"""\n#"""\n' + rest,
+        "fs": head + '\n# TODO: escape\x1c quotes """ in docstrings as \\"""\n' + rest,
+        "ls": head + '\n# TODO: escape\u2028 quotes """ in docstrings as \\"""\n' + rest,
+        "semicolons": lines_of(ORIGINAL, lambda line: line if line.rstrip().endswith(":") else line + ";"),
+        "passes": lines_of(ORIGINAL, lambda line: line[: len(line) - len(line.lstrip())] + "pass\n" + line),
+    }
+    who = {"ada": copy, **variants, "dee": _with_31(OTHER)[MODULE].decode()}
+    results = []
+    for sid, text in who.items():
+        compile(text, MODULE, "exec")  # (each runs as the copy does)
+        build_archive(subs / f"{sid}.zip", sid, dict(STUB, **{MODULE: text.encode()}))
+        results.append(ArchiveResult(f"{sid}.zip", "", "fp", ["3.1"], received=1.0, student_id=sid, identity="ok"))
+    rep = write_similarity(tmp_path / "grading", subs, results, threshold=0.6)
+    paired = {p.b for p in rep.pairs if p.a == "ada" and p.module == MODULE}
+    assert paired == set(variants), rep.pairs
+    assert rep.cut == []
