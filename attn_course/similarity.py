@@ -102,6 +102,15 @@ class Cut:
     module: str
 
 
+@dataclass(frozen=True)
+class Shared:
+    """Students whose code in ``module`` is the same, as compared (names and strings normalised),
+    more of them than share anything the report calls common knowledge: no pair of them is listed."""
+
+    module: str
+    students: tuple[str, ...]
+
+
 @dataclass
 class SimilarityReport:
     students: int
@@ -111,6 +120,7 @@ class SimilarityReport:
     code: dict[tuple[str, str], str] = field(default_factory=dict)  # (student, module) -> their code
     skipped: list[str] = field(default_factory=list)  # archives that could not be read (why)
     cut: list[Cut] = field(default_factory=list)  # code not compared in full
+    shared: list[Shared] = field(default_factory=list)  # the same code in more archives than ``common``
     kept: list[str] = field(default_factory=list)  # its files the instructor edited, kept (written beside them)
 
 
@@ -249,9 +259,14 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
                 prints[sid] = fp
                 report.code[(sid, module)] = code
         index: dict[int, list[str]] = defaultdict(list)
+        same: dict[frozenset, list[str]] = defaultdict(list)
         for sid, fp in prints.items():
             for h in fp.hashes:
                 index[h].append(sid)
+            same[frozenset(fp.hashes)].append(sid)
+        # a group larger than ``common`` holds only fingerprints the pairs below ignore: a solution
+        # copied by eleven of a class of 13 made no pair at all, ten made 45 (red team)
+        report.shared += [Shared(module, tuple(sids)) for sids in same.values() if len(sids) > common]
         shared: dict[tuple[str, str], int] = defaultdict(int)
         for h, sids in index.items():
             if 1 < len(sids) <= common:
@@ -269,6 +284,7 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
     by_module = {(p.a, p.b) for p in report.pairs if p.module != WHOLE}
     report.pairs = [p for p in report.pairs if p.module != WHOLE or (p.a, p.b) not in by_module]
     report.pairs.sort(key=lambda p: (-p.similarity, p.module, p.a, p.b))
+    report.shared.sort(key=lambda g: (-len(g.students), g.module, g.students))
     return report
 
 
@@ -316,6 +332,11 @@ CUT_WHY = (f"More code than the report compares (over {MAX_LINES:,} lines or {MA
            "at what fills these files.")
 
 
+SHARED_WHY = ("Code that is the same, as compared (names and strings normalised), in more archives than "
+              "share anything the pairs above call common knowledge (more than a tenth of the class, at least "
+              "ten): no pair of them is listed.  One way to write it, or one source: look at a few.")
+
+
 def report_markdown(rep: SimilarityReport) -> str:
     lines = [f"# Similar code ({rep.students} students, {rep.modules} modules, threshold {rep.threshold:.0%})", "",
              "Only what students wrote is compared (the lines that differ from the released stub); "
@@ -331,6 +352,12 @@ def report_markdown(rep: SimilarityReport) -> str:
                          f"| {md_inline(p.module, 80)} | {p.similarity_a:.0%} | {p.similarity_b:.0%} | {p.tokens} |")
         if len(rep.pairs) > MAX_SHOWN:
             lines += ["", f"... and {len(rep.pairs) - MAX_SHOWN} more pairs above the threshold."]
+    if rep.shared:
+        lines += ["", "## The same code in many archives", "", SHARED_WHY, ""]
+        for g in rep.shared[:MAX_SHOWN]:
+            names = ", ".join(md_inline(sid, 64) for sid in g.students[:50])
+            more = f" and {len(g.students) - 50} more" if len(g.students) > 50 else ""
+            lines.append(f"* {md_inline(g.module, 80)}: {len(g.students)} students: {names}{more}")
     if rep.cut:
         lines += ["", "## Code not compared in full", "", CUT_WHY, ""]
         lines += [f"* {md_inline(c.student, 64)}: {md_inline(c.module, 80)}" for c in rep.cut[:MAX_SHOWN]]
@@ -402,6 +429,12 @@ def report_html(rep: SimilarityReport) -> str:
                      f"<p>{p.similarity_a:.0%} of {a}'s code is in {b}'s; {p.similarity_b:.0%} of {b}'s in {a}'s.</p>"
                      f"<div class='pair'><pre>{_highlighted(rep.code[(p.a, p.module)], p.slices_a)}</pre>"
                      f"<pre>{_highlighted(rep.code[(p.b, p.module)], p.slices_b)}</pre></div>")
+    if rep.shared:
+        parts.append(f"<h2 id='shared'>The same code in many archives</h2><p>{html.escape(SHARED_WHY)}</p><ul>")
+        parts += [f"<li>{html.escape(plain(g.module, 80))}: {len(g.students)} students: "
+                  f"{html.escape(', '.join(plain(sid, 64) for sid in g.students[:50]))}</li>"
+                  for g in rep.shared[:MAX_SHOWN]]
+        parts.append("</ul>")
     if rep.cut:
         parts.append(f"<h2 id='cut'>Code not compared in full</h2><p>{html.escape(CUT_WHY)}</p><ul>")
         parts += [f"<li>{html.escape(plain(c.student, 64))}: {html.escape(plain(c.module, 80))}</li>"
@@ -448,6 +481,7 @@ def main_similarity(args) -> int:
         print(f"kept {terminal(rel, 200)}, edited since it was written; this run's version is "
               f"{terminal(beside(Path(rel)).as_posix(), 200)}")
     cut = f"; {len(rep.cut)} files' code not compared in full (listed)" if rep.cut else ""
+    cut += f"; the same code in {len(rep.shared)} modules of many archives (listed)" if rep.shared else ""
     print(f"{len(rep.pairs)} pairs at or above {args.threshold:.0%} among {rep.students} students{cut}; "
           f"see {terminal(str(out / 'similarity' / 'report.md'), 300)}")
     return 0

@@ -206,3 +206,24 @@ def test_the_view_of_a_pair_is_capped_as_escaped(fill):
     assert [(p.a, p.b) for p in rep.pairs] == [("a", "b")]
     for pre in re.findall(r"<pre>(.*?)</pre>", report_html(rep), re.S):
         assert len(re.sub(r"</?mark>", "", pre)) <= SHOW_CHARS + len("[...]"), len(pre)
+
+
+def test_a_group_larger_than_common_knowledge_is_named():
+    """Red team (ninth session, round 9): ten copies of one solution in a class of 13 made 45 pairs,
+    eleven made none (every fingerprint more than ten share is common knowledge); the group is named."""
+    from attn_course.similarity import Shared, report_markdown
+
+    other = ("    import numpy as np\n    v = np.asarray(S, dtype=float) / float(T)\n    out = []\n"
+             "    for row in v.reshape(-1, v.shape[-1]):\n        out.append(row.max() + np.log(np.exp(row - row.max()).sum()))\n")
+    for copies, pairs in ((9, 45), (10, 0)):
+        codes = {f"s{k:02d}": {MODULE: BODY} for k in range(copies + 1)}
+        codes |= {"x1": {MODULE: other + "\n    zz = 3\n"}, "x2": {MODULE: "    return S.sum(axis=-1) * 2.0 + T\n"}}
+        rep = compare_class(codes, {MODULE: STUBS[MODULE]}, 0.6)
+        among = [p for p in rep.pairs if p.a.startswith("s") and p.b.startswith("s")]
+        assert len(among) == pairs, (copies, len(among))
+        if pairs:
+            assert rep.shared == []
+        else:
+            assert rep.shared == [Shared(MODULE, tuple(f"s{k:02d}" for k in range(copies + 1)))], rep.shared
+            assert "## The same code in many archives" in report_markdown(rep)
+            assert "The same code in many archives" in report_html(rep)
