@@ -350,6 +350,45 @@ def _none_added(table: dict, known: frozenset, name: str) -> Group:
     return Group(fetch, _NONE_ADDED, said)
 
 
+def _importers() -> Group:
+    """That modules are found as they were: the finders of ``sys.meta_path`` (less the worker's own
+    for the job's package, which it puts first as it loads it) and ``sys.path_hooks``, each the same
+    object in the same place, none put before them, and the finder cached for each folder Python
+    had looked in.  A module
+    that JAX imports only as a job runs would otherwise come from wherever a finder of the job's
+    chose (red team: a finder put on ``sys.meta_path`` went unseen)."""
+    cache = sys.path_importer_cache
+    folders = tuple(cache)
+
+    def fetch() -> tuple:
+        try:
+            # (looked up as it is read: the worker's global, watched with the others)
+            own = getattr(sys.modules.get("attn_course.worker"), "_PackageOnly", None)
+            finders = tuple(f for f in list(sys.meta_path) if type(f) is not own)
+            hooks = tuple(sys.path_hooks)
+            cached = tuple(cache.get(k, _GONE) for k in folders)
+            return (finders, hooks, cached, cache is sys.path_importer_cache)
+        except Exception:  # noqa: BLE001 - a list of the job's making
+            return ((), (), (), False)
+
+    was = fetch()
+
+    def same() -> tuple:
+        # (a finder or hook added after all of them is asked only for what they do not find: six,
+        # which matplotlib imports, appends one; one put before them decides what JAX imports)
+        now = fetch()
+        return tuple(_SAME if len(a) >= len(b) and all(map(operator.is_, a[:len(b)], b)) else object()
+                     for a, b in zip(now[:2], was[:2])) + tuple(
+            _SAME if len(now[2]) == len(was[2]) and all(map(operator.is_, now[2], was[2])) else object()
+            for _ in (0,)) + ((_SAME if now[3] else object()),)
+
+    return Group(same, (_SAME,) * 4, ("sys.meta_path", "sys.path_hooks", "sys.path_importer_cache",
+                                       "sys.path_importer_cache (the dict)"))
+
+
+_GONE = object()
+
+
 def take() -> Baseline:
     """What the watched code is now (before a job's package is loaded)."""
     groups: list[Group | Entries] = []
@@ -438,6 +477,7 @@ def take() -> Baseline:
     for table in tables:
         for module_name, attr in table.homes:
             groups.append(_entries(vars(sys.modules[module_name]), [attr], lambda a, c=module_name: f"{c}.{a}"))
+    groups.append(_importers())
     flat = _flat([g for g in groups if isinstance(g, Entries)])
     return Baseline((flat, *(g for g in groups if not isinstance(g, Entries))), (sys.getprofile(), sys.gettrace()))
 

@@ -470,6 +470,29 @@ def test_what_a_baseline_sees_changed():
     mul = operator.mul
     operator.mul = lambda a, b: 0
     assert sees(lambda: setattr(operator, "mul", mul)) == "operator.mul"
+    # a finder of the job's (a module JAX imports only as the job runs would come from it), not the
+    # worker's own for the job's package
+    import sys as _sys
+
+    from attn_course.worker import _PackageOnly
+
+    class Finder:
+        def find_spec(self, *args):
+            return None
+
+    _sys.meta_path.insert(0, _PackageOnly(Path("/nowhere")))
+    try:
+        assert tamper.changed(base) is None
+        _sys.meta_path.insert(1, Finder())
+        assert sees(lambda: _sys.meta_path.pop(1)) == "sys.meta_path"
+        _sys.meta_path.append(Finder())  # (after every finder: asked only for what none finds -- six's)
+        assert sees(lambda: _sys.meta_path.pop()) is None
+    finally:
+        _sys.meta_path.pop(0)
+    folder = next(iter(_sys.path_importer_cache))
+    finder = _sys.path_importer_cache[folder]
+    _sys.path_importer_cache[folder] = Finder()
+    assert sees(lambda: _sys.path_importer_cache.__setitem__(folder, finder)) == "sys.path_importer_cache"
     assert tamper.changed(base) is None
     # a hook there before the baseline (a coverage tool's, a debugger's) is not the job's; another is
     import sys
@@ -493,7 +516,8 @@ def test_what_a_baseline_sees_changed():
 def test_modules_imported_later_add_rules_for_their_own_primitives_only():
     """No false alarm: JAX's modules that a student may import after the baseline (sparse, jet,
     checkify, scipy, random...) and the transformations they run add no rule for a primitive JAX
-    had; every table found (not a hand-picked list) stays as it was.  In a fresh interpreter, as a
+    had; every table found (not a hand-picked list) stays as it was; nor do the libraries a
+    notebook imports (matplotlib, SciPy, MLX) change what the baseline watches.  In a fresh interpreter, as a
     worker server takes its baseline."""
     script = textwrap.dedent("""
         import importlib, os, sys
@@ -520,6 +544,13 @@ def test_modules_imported_later_add_rules_for_their_own_primitives_only():
         checkify.checkify(lambda x: x / x)(x)
         jet.jet(jnp.sin, (x,), ((jnp.ones_like(x),),))
         sparse.sparsify(lambda m: m @ x.T)(sparse.BCOO.fromdense(x))
+        # libraries an honest notebook or module imports at its top (matplotlib brings six, which
+        # appends a finder to sys.meta_path; MLX replaces reprlib.Repr.repr_array)
+        for m in ("matplotlib", "matplotlib.pyplot", "scipy.special", "scipy.linalg", "mlx.core", "mlx.nn", "six"):
+            try:
+                importlib.import_module(m)
+            except ImportError:
+                pass
         print("CHANGED", tamper.changed(base))
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
