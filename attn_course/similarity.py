@@ -43,6 +43,7 @@ names, code) is escaped and length-capped.
 from __future__ import annotations
 
 import difflib
+import functools
 import html
 import io
 import tokenize
@@ -198,6 +199,12 @@ def code_lines(text: str) -> list[str]:
         return out + [line.rstrip() for line in rest if line.strip() and not line.lstrip().startswith("#")]
 
 
+@functools.lru_cache(maxsize=128)
+def _stub_lines(stub: str) -> tuple[str, ...]:
+    """:func:`code_lines` of a stub (the same text for every student: read once)."""
+    return tuple(code_lines(stub))
+
+
 def own_code(source: str, stub: str) -> OwnCode:
     """The lines of code of ``source`` that are not the stub's (what the student wrote), in order.
 
@@ -209,7 +216,9 @@ def own_code(source: str, stub: str) -> OwnCode:
     cost grows with how often a stub line repeats in ``source``), and at most
     :data:`MAX_CODE` characters are kept.  ``cut`` when a cap left any out.
     """
-    a = code_lines(stub)
+    if source == stub:
+        return OwnCode("", False)
+    a = _stub_lines(stub)
     read = source[: len(stub) + MAX_SOURCE]
     lines = code_lines(read)
     b = lines[: len(a) + MAX_LINES]
