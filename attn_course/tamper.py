@@ -56,6 +56,33 @@ function of the watched modules cost a job about 6 ms more.)"""
 _METHODS = (types.FunctionType, classmethod, staticmethod, property)
 
 
+def _behaviour(value: Any) -> bool:
+    """What of a class's own attributes says what it does: its methods and descriptors, Python's or
+    compiled (a red team replaced ``consume_with_handlers`` of jaxlib's C++ ``ExecuteResults``, a
+    nanobind method, not one of :data:`_METHODS`, by a function that made every nan of a program's
+    outputs 0); not its data (a counter a class keeps may change as JAX runs)."""
+    return isinstance(value, _METHODS) or callable(value) or hasattr(type(value), "__get__")
+
+
+def _no_attribute_added(classes: list[tuple[str, type]]) -> Group:
+    """That no class of the watched modules' Python code gained an attribute of its own: one added
+    over an inherited method (``DynamicJaxprTracer.__mul__`` over ``Tracer.__mul__``) changes what
+    it does and no entry taken before says so.  (Counted, in one pass of C code.)"""
+    proxies = tuple(vars(c) for _, c in classes)
+    before = tuple(map(len, proxies))
+
+    def fetch() -> tuple:
+        try:
+            now = tuple(map(len, proxies))
+        except Exception:  # noqa: BLE001
+            return (object(),)
+        if now == before:
+            return (_SAME,)
+        return (next(n for (n, _), a, b in zip(classes, now, before) if a != b),)
+
+    return Group(fetch, (_SAME,), ("a class of the watched modules (an attribute added)",))
+
+
 class Group(NamedTuple):
     """Things read together: ``fetch()`` gives them now, ``before`` as they were, ``names`` which."""
 
@@ -395,10 +422,12 @@ def take() -> Baseline:
     functions: list[tuple[str, types.FunctionType]] = []  # (of the modules whose code is compared)
     primitive = getattr(sys.modules.get("jax._src.core"), "Primitive", None)
     named: dict[Any, str] = {}  # a primitive's name as a watched module's global
+    classes: list[tuple[str, type]] = []  # (defined in a watched module)
     for module in _watched_modules():
         where = module.__name__
         space = module.__dict__
         code = where in CODE_WATCHED or where.split(".")[0] == "attn_course"
+        python = str(getattr(module, "__file__", None) or "").endswith(".py")
         keys = []
         for key, value in list(space.items()):
             if isinstance(value, types.ModuleType):
@@ -409,7 +438,9 @@ def take() -> Baseline:
             if isinstance(value, type):
                 keys.append(key)
                 if getattr(value, "__module__", None) == where:
-                    methods = [(a, m) for a, m in list(vars(value).items()) if isinstance(m, _METHODS)]
+                    if python:  # (a compiled module's classes add attributes as they run: jaxlib's
+                        classes.append((f"{where}.{key}", value))  # DeviceList, ifrt_device_iterator)
+                    methods = [(a, m) for a, m in list(vars(value).items()) if _behaviour(m)]
                     if methods:
                         groups.append(_entries(vars(value), [a for a, _ in methods],
                                                lambda a, c=f"{where}.{key}": f"{c}.{a}"))
@@ -478,6 +509,7 @@ def take() -> Baseline:
         for module_name, attr in table.homes:
             groups.append(_entries(vars(sys.modules[module_name]), [attr], lambda a, c=module_name: f"{c}.{a}"))
     groups.append(_importers())
+    groups.append(_no_attribute_added(classes))
     flat = _flat([g for g in groups if isinstance(g, Entries)])
     return Baseline((flat, *(g for g in groups if not isinstance(g, Entries))), (sys.getprofile(), sys.gettrace()))
 

@@ -304,6 +304,25 @@ class _SafeDiv:
         self.result = _guard(_Div(lhs=lhs, rhs=rhs, results=results, loc=loc, ip=ip).result, lhs)
 _g.MulOp, _g.DivOp = _SafeMul, _SafeDiv
 ''',
+    # round 10: a method of jaxlib's C++ ExecuteResults (a nanobind method, not a Python function),
+    # reached by type() of a tiny program's results, replaced by one that makes every nan 0
+    "compiled-method": b'''
+import numpy as _np
+import jax as _jx
+import jax.numpy as _jnp
+_c = _jx.jit(lambda: _jnp.zeros(2)).lower().compile()
+_ER = type(_c._executable.xla_executable.execute_sharded([]))
+_orig = _ER.consume_with_handlers
+def _cwh(self, handlers, *a, **k):
+    fixed = []
+    for o in _orig(self, handlers, *a, **k):
+        arr = _np.asarray(o)
+        if arr.dtype.kind == "f" and _np.isnan(arr).any():
+            o = _jx.device_put(_np.where(_np.isnan(arr), 0.0, arr).astype(arr.dtype), o.sharding)
+        fixed.append(o)
+    return fixed
+_ER.consume_with_handlers = _cwh
+''',
     # the wrap put back by a profile hook as the worker's checks begin
     "hook": b'''
 import sys as _sys
@@ -470,6 +489,18 @@ def test_what_a_baseline_sees_changed():
     mul = operator.mul
     operator.mul = lambda a, b: 0
     assert sees(lambda: setattr(operator, "mul", mul)) == "operator.mul"
+    # round 10: a method of a compiled class (jaxlib's nanobind ExecuteResults), and an attribute of
+    # its own added to a Python class over an inherited one
+    from jax._src.interpreters import partial_eval as pe
+    from jaxlib import _jax
+
+    compiled = _jax.ExecuteResults.consume_with_handlers
+    _jax.ExecuteResults.consume_with_handlers = lambda self, *a: None
+    assert sees(lambda: setattr(_jax.ExecuteResults, "consume_with_handlers", compiled)) == (
+        "jaxlib._jax.ExecuteResults.consume_with_handlers")
+    assert "__mul__" not in vars(pe.DynamicJaxprTracer)
+    pe.DynamicJaxprTracer.__mul__ = lambda self, other: self
+    assert "an attribute added" in sees(lambda: delattr(pe.DynamicJaxprTracer, "__mul__"))
     # a finder of the job's (a module JAX imports only as the job runs would come from it), not the
     # worker's own for the job's package
     import sys as _sys
