@@ -75,7 +75,8 @@ RULES: tuple[Rule, ...] = (
           "runs inside, or reads the frames of, the code that checks it"),
     # (the names of a ``from sys import`` as a list, not ``.*``: with ``.*`` each import on a line
     # scanned the rest of it, and a line of many imports held the grader for hours: red team)
-    _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\.\s*modules\s*\["
+    # (round 10: ``import sys as _s`` then ``_s.modules``: every rule that reads ``sys.`` missed it)
+    _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\.\s*modules\s*\[|\bimport\s+sys\s+as\b"
                          r"|\bfrom\s+sys\s+import\s*\(?\s*(?:\w+(?:\s+as\s+\w+)?\s*,\s*)*modules\b",
           "replaces modules the checks import"),
     # (round 6 of the eighth session's red teams: a partial's function replaced by __setstate__, an
@@ -178,7 +179,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|lowering|primitive_|subprocess"
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
                    "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
-                   "|pydoc|runpy|zipimport|locate"
+                   "|pydoc|runpy|zipimport|locate|sys\\s+as"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
                    "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|jaxpr|_consts|_eqns")

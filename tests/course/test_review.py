@@ -46,7 +46,7 @@ SAMPLES = [
     ("f = next(traceback.walk_tb(e.__traceback__))[0]", "hooks"), ("inspect.getinnerframes(tb)", "hooks"),
     ("inspect.trace()", "hooks"), ("inspect.getattr_static(t, 'f_' + 'back')", "attributes by name"),
     ("pkgutil.resolve_name('attn_' + 'course.worker')", "dynamic code"),
-    ("pxla = pydoc.locate('jax._src.interpreters.pxla')", "dynamic code"), ("from pydoc import locate", "dynamic code"),
+    ("pxla = pydoc.locate('jax._src.interpreters.pxla')", "dynamic code"), ("import sys as _s", "sys.modules"), ("from pydoc import locate", "dynamic code"),
     ("runpy.run_path(path)", "dynamic code"), ("zipimport.zipimporter(path)", "dynamic code"),
     # (round 12: sys under another name, an attribute set or read through object's own methods)
     ("_s.modules['attn_' + 'course.specs.ch03']", "sys.modules"), ("object.__setattr__(e, 'probe', p)", "attributes by name"),
