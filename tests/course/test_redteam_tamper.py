@@ -127,7 +127,7 @@ _patch()
     # the code of a JAX function no check compared swapped for one that zeroes nan cotangents (every
     # product's transpose calls it); names built from pieces, so that no line reads as what it does
     # (its key was "code" too, which dropped the attack above from the dict: every key its own now)
-    "jax-code": b'''
+    "unbroadcast": b'''
 def _unbroadcast(aval, x):
     import jax.numpy as jnp
     x = jnp.where(jnp.isnan(x), jnp.zeros_like(x), x)
