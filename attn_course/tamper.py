@@ -9,9 +9,11 @@ nan gradient at zero weights scored 3/3 by wrapping ``jax.value_and_grad`` in
 that machinery exists: the functions, classes and modules that the globals of
 every module of JAX, jaxlib, NumPy and the course name (the code, defaults and
 closures of JAX's autodiff entry points' and the course's functions; a
-class's methods), every dict of handlers by type there, every table of rules JAX keeps for its primitives (lowerings,
-derivatives, transposes, batching, partial evaluation: found, not listed,
-:func:`rule_tables`), and the primitives' own methods.  :func:`changed` names
+class's methods and descriptors, compiled ones too), every dict of handlers by
+type there, the import system's finders, every table of rules JAX keeps for
+its primitives (lowerings, derivatives, transposes, batching, partial
+evaluation: found, not listed, :func:`rule_tables`), and the primitives' own
+methods.  :func:`changed` names
 the first that differs, and the job reports its exercises as ``tampered``
 from then on.
 
@@ -28,6 +30,7 @@ and the class report lists, for review, code that reaches for such means
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import operator
@@ -56,33 +59,6 @@ function of the watched modules cost a job about 6 ms more.)"""
 _METHODS = (types.FunctionType, classmethod, staticmethod, property)
 
 
-def _behaviour(value: Any) -> bool:
-    """What of a class's own attributes says what it does: its methods and descriptors, Python's or
-    compiled (a red team replaced ``consume_with_handlers`` of jaxlib's C++ ``ExecuteResults``, a
-    nanobind method, not one of :data:`_METHODS`, by a function that made every nan of a program's
-    outputs 0); not its data (a counter a class keeps may change as JAX runs)."""
-    return isinstance(value, _METHODS) or callable(value) or hasattr(type(value), "__get__")
-
-
-def _no_attribute_added(classes: list[tuple[str, type]]) -> Group:
-    """That no class of the watched modules' Python code gained an attribute of its own: one added
-    over an inherited method (``DynamicJaxprTracer.__mul__`` over ``Tracer.__mul__``) changes what
-    it does and no entry taken before says so.  (Counted, in one pass of C code.)"""
-    proxies = tuple(vars(c) for _, c in classes)
-    before = tuple(map(len, proxies))
-
-    def fetch() -> tuple:
-        try:
-            now = tuple(map(len, proxies))
-        except Exception:  # noqa: BLE001
-            return (object(),)
-        if now == before:
-            return (_SAME,)
-        return (next(n for (n, _), a, b in zip(classes, now, before) if a != b),)
-
-    return Group(fetch, (_SAME,), ("a class of the watched modules (an attribute added)",))
-
-
 class Group(NamedTuple):
     """Things read together: ``fetch()`` gives them now, ``before`` as they were, ``names`` which."""
 
@@ -97,6 +73,37 @@ class Baseline(NamedTuple):
 
     def __len__(self) -> int:
         return sum(len(g.before) for g in self.groups)
+
+
+def _behaviour(value: Any) -> bool:
+    """What of a class's own attributes says what it does: its methods and descriptors, Python's or
+    compiled (a red team replaced ``consume_with_handlers`` of jaxlib's C++ ``ExecuteResults``, a
+    nanobind method, not one of :data:`_METHODS`, by a function that made every nan of a program's
+    outputs 0); not its data (a counter a class keeps may change as JAX runs)."""
+    return isinstance(value, _METHODS) or callable(value) or hasattr(type(value), "__get__")
+
+
+def _no_attribute_added(classes: list[tuple[str, type]]) -> Group:
+    """That no class of the watched modules' Python code gained an attribute of its own: one added
+    over an inherited method (``DynamicJaxprTracer.__mul__`` over ``Tracer.__mul__``) changes what
+    it does and no entry taken before says so.  Each class keeps every name it had (looked up, in
+    one pass of C code) and has no more of them: a count alone missed a name removed (its
+    ``__doc__``) for the one added."""
+    proxies = tuple(vars(c) for _, c in classes)
+    getters = tuple(operator.itemgetter(*keys, keys[0]) for keys in (tuple(p) for p in proxies))
+    before = tuple(map(len, proxies))
+    consume, call = collections.deque(maxlen=0).extend, operator.call
+
+    def fetch() -> tuple:
+        try:
+            consume(map(call, getters, proxies))  # (a name gone raises)
+            if tuple(map(len, proxies)) == before:
+                return (_SAME,)
+        except Exception:  # noqa: BLE001
+            pass
+        return (object(),)
+
+    return Group(fetch, (_SAME,), ("a class of the watched modules (an attribute added or removed)",))
 
 
 WATCHED_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "attn_course")
@@ -381,9 +388,8 @@ def _importers() -> Group:
     """That modules are found as they were: the finders of ``sys.meta_path`` (less the worker's own
     for the job's package, which it puts first as it loads it) and ``sys.path_hooks``, each the same
     object in the same place, none put before them, and the finder cached for each folder Python
-    had looked in.  A module
-    that JAX imports only as a job runs would otherwise come from wherever a finder of the job's
-    chose (red team: a finder put on ``sys.meta_path`` went unseen)."""
+    had looked in.  A module that JAX imports only as a job runs would otherwise come from wherever
+    a finder of the job's chose (red team: a finder put on ``sys.meta_path`` went unseen)."""
     cache = sys.path_importer_cache
     folders = tuple(cache)
 
@@ -400,14 +406,16 @@ def _importers() -> Group:
 
     was = fetch()
 
+    def starts_with(now: tuple, was: tuple) -> bool:
+        return len(now) >= len(was) and all(map(operator.is_, now[: len(was)], was))
+
     def same() -> tuple:
         # (a finder or hook added after all of them is asked only for what they do not find: six,
         # which matplotlib imports, appends one; one put before them decides what JAX imports)
-        now = fetch()
-        return tuple(_SAME if len(a) >= len(b) and all(map(operator.is_, a[:len(b)], b)) else object()
-                     for a, b in zip(now[:2], was[:2])) + tuple(
-            _SAME if len(now[2]) == len(was[2]) and all(map(operator.is_, now[2], was[2])) else object()
-            for _ in (0,)) + ((_SAME if now[3] else object()),)
+        finders, hooks, cached, one_cache = fetch()
+        return tuple(_SAME if ok else object() for ok in (
+            starts_with(finders, was[0]), starts_with(hooks, was[1]),
+            len(cached) == len(was[2]) and all(map(operator.is_, cached, was[2])), one_cache))
 
     return Group(same, (_SAME,) * 4, ("sys.meta_path", "sys.path_hooks", "sys.path_importer_cache",
                                        "sys.path_importer_cache (the dict)"))

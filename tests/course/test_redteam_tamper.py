@@ -513,6 +513,11 @@ def test_what_a_baseline_sees_changed():
     assert "__mul__" not in vars(pe.DynamicJaxprTracer)
     pe.DynamicJaxprTracer.__mul__ = lambda self, other: self
     assert "an attribute added" in sees(lambda: delattr(pe.DynamicJaxprTracer, "__mul__"))
+    held = vars(pe.DynamicJaxprTracer)["__orig_bases__"]  # (data, not a method: one name removed
+    del pe.DynamicJaxprTracer.__orig_bases__  # for the one added keeps the count)
+    pe.DynamicJaxprTracer.__mul__ = lambda self, other: self
+    assert "an attribute added" in sees(
+        lambda: (delattr(pe.DynamicJaxprTracer, "__mul__"), setattr(pe.DynamicJaxprTracer, "__orig_bases__", held)))
     # a finder of the job's (a module JAX imports only as the job runs would come from it), not the
     # worker's own for the job's package
     import sys as _sys
