@@ -143,7 +143,8 @@ class ClassCode:
     cut: list[Cut] = field(default_factory=list)
 
 
-NO_OPS = frozenset({"pass", "...", "S"})  # statements that do nothing ("S": only strings)
+NO_OPS = frozenset({"pass", "..."})  # statements that do nothing (besides a string alone)
+STRING = "\0"  # a string token among a statement's tokens (no token's text)
 
 
 def code_lines(text: str) -> list[str]:
@@ -168,7 +169,7 @@ def code_lines(text: str) -> list[str]:
     depth, last, done = 0, None, 0
 
     def end() -> None:
-        if parts and "".join(kinds) not in NO_OPS and set(kinds) != {"S"}:
+        if parts and "".join(kinds) not in NO_OPS and set(kinds) != {STRING}:
             out.append("    " * depth + "".join(parts))
         parts.clear()
         kinds.clear()
@@ -191,7 +192,7 @@ def code_lines(text: str) -> list[str]:
             if parts and last is not None and tok.start != last:
                 parts.append(" ")
             parts.append(piece)
-            kinds.append("S" if kind == tokenize.STRING else tok.string)
+            kinds.append(STRING if kind == tokenize.STRING else tok.string)
             last = tok.end
         return out
     except (tokenize.TokenError, SyntaxError, RecursionError, MemoryError):

@@ -236,3 +236,10 @@ def test_what_python_ignores_hides_no_copy(tmp_path):
     paired = {p.b for p in rep.pairs if p.a == "ada" and p.module == MODULE}
     assert paired == set(variants), rep.pairs
     assert rep.cut == []
+
+
+def test_only_statements_that_do_nothing_are_left_out():
+    """A string alone, ``pass`` and ``...`` do nothing; a name that reads like the strings' marker is code."""
+    from attn_course.similarity import code_lines
+
+    assert code_lines('S\n"doc"\n"a" "b"\npass\n...\nx = 1; ...\ny = "s"\n') == ["S", "x = 1", 'y = "s"']
