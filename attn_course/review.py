@@ -67,6 +67,11 @@ RULES: tuple[Rule, ...] = (
     _rule("ctypes", r"\b_?ctypes\b", "writes the process's memory: can change the checks unseen"),
     _rule("raw memory", r"\bctypeslib\b|\bas_strided\b|\bstride_tricks\b|__array_(?:interface|struct)__",
           "NumPy arrays over any address of the process: its memory read or written, as with ctypes"),
+    # (the tenth session: cffi's backend casts an id() to a pointer, and a second interpreter runs
+    # ctypes where no audit hook of the job's sees it; the watch refuses both as they run)
+    _rule("native code", r"\b_?cffi(?:_backend)?\b|\b_test(?:internal)?capi\b|\b_(?:xx)?(?:sub)?interp(?:reters|channels|queues)\b"
+                         r"|\b(?:create|exec)_dynamic\b|\b_imp\b",
+          "native code of its own, or code in another interpreter: out of every check's sight"),
     _rule("gc", r"\bimport\s+gc\b|\bfrom\s+gc\s+import\b|\bgc\s*\.\s*get_(?:referrers|referents|objects)\b",
           "reaches every live object, the checks' own among them"),
     _rule("hooks", r"\bset(?:profile|trace)\b|\bsys\s*\.\s*monitoring\b|\b_getframe\b|\b_current_frames\b"
@@ -182,7 +187,8 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|pydoc|runpy|zipimport|locate|sys\\s+as"
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
-                   "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|jaxpr|_consts|_eqns")
+                   "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|jaxpr|_consts|_eqns"
+                   "|cffi|_test|_xx|_interp|_dynamic|_imp")
 
 
 def _combining_class() -> str:

@@ -6,7 +6,9 @@ audit hook cannot be removed, and the process ends with its job):
 * :func:`watch_runs` writes a line to the job's results channel the first time
   the job's code does what a rule of the review reads for (ctypes, gc's object
   graph, frames and hooks, code from a string, code objects, processes): what a
-  reader's rules miss is seen as it runs (:mod:`attn_course.review`).
+  reader's rules miss is seen as it runs (:mod:`attn_course.review`).  What no
+  audit event would show at all is refused as it loads: native code that is not an
+  installed library's, the modules of :data:`REFUSED_MODULES`, another interpreter.
 * :func:`watch_code_swaps` notes a function's code or defaults replaced, where
   the function is not the job's own: :mod:`attn_course.tamper` compares only
   some modules' functions, and the job's exercises are ``tampered`` from then on.
@@ -52,7 +54,19 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
     "socket.__new__": ("processes", True),
     "object.__getattr__": ("hooks", False),  # (a frame of a traceback, generator or coroutine: FRAME_ATTRIBUTES)
     "open": ("raw memory", True),  # (a process's memory file, /proc/<pid>/mem: refused as well)
+    # native code that no rule here would see run, refused as well (:data:`REFUSED_MODULES`): an
+    # extension module of the job's own or one of those, and another interpreter, whose code no audit
+    # hook of this one's sees (red team: ctypes run by _xxsubinterpreters.run_string, unseen)
+    "import": ("native code", True), "cpython.PyInterpreterState_New": ("native code", True),
 }
+# the extension modules a job may not import, wherever they lie: they read and write any address
+# of the process with no audit event (cffi's backend: cast an id() to a char * and write through
+# it), run code in another interpreter (below), or are CPython's own tests of its C internals
+REFUSED_MODULES = frozenset({
+    "_cffi_backend", "_xxsubinterpreters", "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues",
+    "_testcapi", "_testinternalcapi",
+    "_testbuffer", "_testmultiphase", "_testsinglephase", "_testimportmultiple", "_testclinic",
+    "_ctypes_test", "_xxtestfuzz"})
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # the standard library's functions that read a traceback's frames and hand them to their caller
 # (inspect.trace calls getinnerframes): (function, module)
@@ -76,7 +90,9 @@ OWN_CALLS: dict[str, frozenset[str]] = {
     "sys._getframe": frozenset({"_getframe"}), "sys._current_frames": frozenset({"_current_frames"}),
     "sys.setprofile": frozenset({"setprofile"}), "sys.settrace": frozenset({"settrace"}),
     "sys.addaudithook": frozenset({"addaudithook"}),
-    "exec": frozenset({"exec", "eval"}), "compile": frozenset({"compile", "exec", "eval"}),
+    # (and the import system's loader of an extension module, whose own set-up in C compiles and runs
+    # code: mlx.core's, as a student imports it.  Only a library's gets that far: "import", below)
+    "exec": frozenset({"exec", "eval", "exec_dynamic"}), "compile": frozenset({"compile", "exec", "eval", "exec_dynamic"}),
     "code.__new__": frozenset({"CodeType", "replace"}),
     "function.__new__": frozenset({"FunctionType", "LambdaType"}),
     "object.__setattr__": frozenset(_CODE_ATTRIBUTES),  # (not setattr: functools.update_wrapper sets
@@ -106,11 +122,13 @@ def _libraries() -> tuple[str, ...]:
     """Where the code of no job lies: the standard library and the installed packages."""
     if _LIBRARIES:
         return _LIBRARIES[0]
+    import site
     import sysconfig
 
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     dirs += [os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(np.__file__))]  # (where they are)
+    dirs += [d for d in getattr(site, "getsitepackages", lambda: [])() if os.path.isabs(d)]  # (a distribution's own)
     found = {os.path.realpath(d) + os.sep for d in dirs} | {os.path.abspath(d) + os.sep for d in dirs}
     _LIBRARIES.append(tuple(sorted(found)))
     return _LIBRARIES[0]
@@ -418,6 +436,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     run_source, read_name = _stdlib_files(RUN_CALLERS_SOURCE), _stdlib_files(READ_CALLERS_NAME)
     hand_outs = frozenset((name, path) for name, module in HANDS_OUT_FRAMES for path in _stdlib_files((module,)))
     proc, fsdecode, creates = stat("/proc/self").st_dev, os.fsdecode, os.O_CREAT
+    refused_modules = REFUSED_MODULES
     importing = "<frozen importlib."
 
     def memory_file(path, flags) -> bool:
@@ -485,8 +504,28 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
             say(seal('{"ran": %s, "file": %s, "line": %d}' % (quote(rule), quote(where[:300]), number)) + "\n")
             said.add(rule)
 
+    def native(event: str, args: tuple) -> str:
+        """Why the job may not have this native code loaded or run ("" where it may): another
+        interpreter, a module of :data:`REFUSED_MODULES`, or an extension module whose file is not
+        an installed library's (one the job wrote: bytes of its own, or a library's copied)."""
+        if event != "import":
+            return "a graded job may not start another interpreter: no check of this one's sees its code"
+        name = args[0] if args else None
+        if _type(name) is _str and name.rpartition(".")[2] in refused_modules:
+            return (f"{name}: a graded job may not import it (it reaches the process's memory, or runs code "
+                    "in another interpreter, out of every check's sight)")
+        filename = args[1] if _len(args) > 1 else None
+        if filename is None or (_type(filename) is _str and filename.startswith(libraries)
+                                and normpath(filename) == filename):
+            return ""  # (an import by name, or a library's own extension module)
+        return ("a graded job may load native code only from the installed libraries, not "
+                + (quote(filename[:200]) if _type(filename) is _str else "this file"))
+
     def hook(event: str, args: tuple) -> None:
         if event == "object.__setattr__" and not (_len(args) > 1 and args[1] in code_attributes):
+            return
+        refusal = native(event, args) if event == "import" or event == "cpython.PyInterpreterState_New" else ""
+        if event == "import" and not refusal:
             return
         if event == "object.__getattr__" and not (_len(args) > 1 and args[1] in frame_attributes):
             return
@@ -501,6 +540,8 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
                 ran(found[0])  # in a module's namespace): the job's, whose line is not known
             if event == "open":
                 raise PermissionError("a process's memory is not a file a job may open")
+            if refusal:
+                raise (ImportError if event == "import" else RuntimeError)(refusal)
             return
         busy.add(thread)
         rule, past_libraries = found
@@ -578,6 +619,8 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
             busy.discard(thread)
             if event == "open":  # (said or not, by whomever: no one may have it)
                 raise PermissionError("a process's memory is not a file a job may open")  # noqa: B012
+            if refusal:  # (nor this, by whomever)
+                raise (ImportError if event == "import" else RuntimeError)(refusal)  # noqa: B012
 
     say('{"watch": %s}\n' % quote(key))
     sys.addaudithook(hook)

@@ -358,6 +358,37 @@ _install()
 }
 
 
+# the tenth session's: native code out of every check's sight -- cffi's backend (any address written
+# through an id()), a second interpreter (whose ctypes no audit hook of the job's sees), an extension
+# module of the job's own (an installed one's file copied to /tmp).  Each is refused as it loads;
+# were any let through, the archive would give itself 3.2's guard (3/3: the test fails)
+NATIVE = b'''
+def _doors():
+    import importlib.machinery, importlib.util, shutil, sys, tempfile
+    opened = []
+    for name in ("_cffi_backend", "_xxsubinterpreters", "_testcapi"):
+        try:
+            __import__(name)
+            opened.append(name)
+        except ImportError:
+            pass
+    folder = tempfile.mkdtemp()
+    for name in ("_bz2", "_lzma", "_csv", "_queue", "_bisect", "_heapq", "_random"):
+        spec = importlib.util.find_spec(name) if name not in sys.modules else None
+        if spec and isinstance(spec.origin, str) and spec.origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            shutil.copy(spec.origin, folder)
+            sys.path.insert(0, folder)
+            try:
+                __import__(name)
+                opened.append(name)
+            except ImportError:
+                pass
+            break
+    return opened
+_OPENED = _doors()
+'''
+
+
 def test_every_attack_is_graded():
     """A dict literal keeps the last of two equal keys: the first "code" attack was never built."""
     import ast
@@ -381,6 +412,7 @@ def _archives(folder: Path) -> None:
 
     build("honest", ref["attn_tensors/statmech.py"])
     build("mistake", mistake)
+    build("native", ref["attn_tensors/statmech.py"].replace(GUARD, GUARD + b" if _OPENED else A") + NATIVE)
     for name, code in ATTACKS.items():
         build(f"tamper-{name}", mistake + code)
     for name, code in INIT_ATTACKS.items():
@@ -400,6 +432,9 @@ def test_tampering_with_the_checks_earns_nothing(tmp_path):
     rows = {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
     assert rows["honest"]["3.2"] == "3" and rows["honest"]["3.1"] == "3"
     assert rows["mistake"]["3.2"] == "0"  # the mistake alone: caught by the gradient check
+    (native,) = [json.loads(p.read_text()) for p in (out / "results").glob("native-*.json")]
+    assert rows["native"]["3.2"] == "0" and rows["native"]["3.1"] == "3", rows["native"]  # every door shut
+    assert [f["rule"] for f in native["review"] if "(as it ran)" in f["where"]] == ["native code"], native["review"]
     for name in [*ATTACKS, *INIT_ATTACKS]:
         row = rows[f"tamper-{name}"]
         assert row["3.2"] == "0", (name, row)

@@ -53,6 +53,9 @@ SAMPLES = [
     ("operator.methodcaller('__getattri' 'bute__', n)(o)", "attributes by name"),
     ("traceback.walk_stack(None)", "hooks"), ("concurrent.futures.ThreadPoolExecutor(1)", "processes"),
     ("from concurrent import futures", "processes"), ("_thread.start_new_thread(f, ())", "processes"),
+    # (the tenth session: cffi's backend, a second interpreter, an extension module loaded by hand)
+    ("import _cffi_backend as B", "native code"), ("ffi = cffi.FFI()", "native code"),
+    ("import _xxsubinterpreters as s", "native code"), ("from _interpreters import create", "native code"), ("_imp.create_dynamic(spec)", "native code"),
     ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
     ("A.__array_interface__ = {'data': (address, False), 'shape': (9,), 'typestr': '<f8'}", "raw memory"),
     # (red team, round 9: the name as a dict's key, a string, which is otherwise not read)
@@ -86,7 +89,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
     "doc = 'the signal of each row, threading the mask through (eval notes)'", "self.vars = x",
     "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
     "if isinstance(x, jax.core.Tracer):", "rows.extend(out)", "from jax import numpy as jnp, lax",
-    "name = x.__class__.__name__", "if p.bind == q:",
+    "name = x.__class__.__name__", "if p.bind == q:", "_test_shapes = imp_weights(xx)",
 ])
 def test_ordinary_code_is_not_flagged(line):
     assert review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n") == []
@@ -699,3 +702,59 @@ def test_lines_are_numbered_as_python_numbers_them(sep):
     flags = review_text("m.py", text)
     line = 3 if sep in ("\r", "\r\n") else 2
     assert [(f.where, f.rule) for f in flags] == [(f"m.py:{line}", "dynamic code")], flags
+
+
+NATIVE = """\
+import importlib.machinery, importlib.util, shutil, sys
+def load(name, folder=None):
+    '''What importing ``name`` (from ``folder``, put first on sys.path) gave: "loaded" or the error.'''
+    if folder:
+        sys.path.insert(0, folder)
+    try:
+        __import__(name)
+        return "loaded"
+    except ImportError as err:
+        return str(err)
+    finally:
+        if folder:
+            sys.path.remove(folder)
+def copied(folder):
+    '''An installed library's extension module not yet imported, its file copied into ``folder``.'''
+    for name in ("_bz2", "_lzma", "_csv", "_queue", "_bisect", "_json", "_heapq", "_random"):
+        spec = importlib.util.find_spec(name) if name not in sys.modules else None
+        if spec and isinstance(spec.origin, str) and spec.origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            shutil.copy(spec.origin, folder)
+            return name
+"""
+
+
+def test_native_code_out_of_the_watchs_sight_is_refused_as_it_loads(tmp_path):
+    """Red team, the tenth session: three doors to native code that no audit event showed.  cffi's
+    backend casts ``id(x)`` to a ``char *`` and writes the process's memory through it (the key the
+    results are sealed with, in place); ``_xxsubinterpreters.run_string`` runs ctypes in a second
+    interpreter, where the job's audit hook does not run; and an extension module the job wrote
+    (here an installed one's file, copied) runs its own initialisation.  Each is refused as it
+    loads (an ImportError the job may catch) and said once, with the job's line; an installed
+    library's own extension module, and a path that only passes through the libraries, are what
+    they are (round 10's L2: ``import mlx.core``, whose set-up in C compiles code, was listed as
+    the job's dynamic code)."""
+    pkg, elsewhere = _job_package(tmp_path, NATIVE)
+    out = _watched(pkg, "import mod\n"
+                        "honest = mod.load('scipy.special')\n"
+                        # (mlx.core's own set-up, in C, compiles and runs code: not the job's doing)
+                        "mlx = mod.load('mlx.core') if mod.importlib.util.find_spec('mlx') else 'loaded'\n"
+                        f"name = mod.copied({str(elsewhere)!r})\n"
+                        "os.write(w, b'-\\n')\n"
+                        "got = [mod.load('_cffi_backend'), mod.load('_xxsubinterpreters'), mod.load('_testcapi'),\n"
+                        f"       mod.load(name, {str(elsewhere)!r}),\n"
+                        f"       mod.load(name, {'/'.join([os.path.dirname(os.__file__)] + ['..'] * 12) + str(elsewhere)!r})]\n"
+                        "print(name, honest, got, file=sys.stderr)\n"
+                        "assert honest == mlx == 'loaded' and name, (name, honest, mlx)\n"
+                        "assert all('a graded job may' in g for g in got), got\n"
+                        "assert name not in sys.modules\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    key, dash, *lines = out.stdout.splitlines()
+    assert dash == "-", out.stdout
+    assert [(g["ran"], g["file"], g["line"]) for g in _unsealed(key, lines)] == [("native code", "mod/__init__.py", 7)]
+    assert "native code" in WHY
+
