@@ -129,6 +129,10 @@ def _libraries() -> tuple[str, ...]:
     dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     dirs += [os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(np.__file__))]  # (where they are)
     dirs += [d for d in getattr(site, "getsitepackages", lambda: [])() if os.path.isabs(d)]  # (a distribution's own)
+    # (and a folder made for packages that the worker's path has besides: a user site, one a .pth
+    # file adds, which a server puts back on its path: attn_course.sandbox.worker_site_dirs)
+    dirs += [d for d in sys.path if isinstance(d, str) and os.path.isabs(d)
+             and os.path.basename(os.path.normpath(d)) in ("site-packages", "dist-packages")]
     found = {os.path.realpath(d) + os.sep for d in dirs} | {os.path.abspath(d) + os.sep for d in dirs}
     _LIBRARIES.append(tuple(sorted(found)))
     return _LIBRARIES[0]

@@ -718,10 +718,10 @@ def load(name, folder=None):
     finally:
         if folder:
             sys.path.remove(folder)
-def copied(folder):
-    '''An installed library's extension module not yet imported, its file copied into ``folder``.'''
-    for name in ("_bz2", "_lzma", "_csv", "_queue", "_bisect", "_json", "_heapq", "_random"):
-        spec = importlib.util.find_spec(name) if name not in sys.modules else None
+def copied(folder, but=None):
+    '''An installed library's extension module not yet imported (nor ``but``), its file copied into ``folder``.'''
+    for name in ("_bz2", "_lzma", "_csv", "_queue", "_bisect", "_json", "_heapq", "_random", "_statistics"):
+        spec = importlib.util.find_spec(name) if name not in sys.modules and name != but else None
         if spec and isinstance(spec.origin, str) and spec.origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
             shutil.copy(spec.origin, folder)
             return name
@@ -739,11 +739,15 @@ def test_native_code_out_of_the_watchs_sight_is_refused_as_it_loads(tmp_path):
     they are (round 10's L2: ``import mlx.core``, whose set-up in C compiles code, was listed as
     the job's dynamic code)."""
     pkg, elsewhere = _job_package(tmp_path, NATIVE)
+    site = tmp_path / "user" / "site-packages"  # (a user site on the worker's path: a library's folder)
+    site.mkdir(parents=True)
     out = _watched(pkg, "import mod\n"
                         "honest = mod.load('scipy.special')\n"
+                        f"user = mod.copied({str(site)!r})\n"
+                        f"assert mod.load(user, {str(site)!r}) == 'loaded'\n"
                         # (mlx.core's own set-up, in C, compiles and runs code: not the job's doing)
                         "mlx = mod.load('mlx.core') if mod.importlib.util.find_spec('mlx') else 'loaded'\n"
-                        f"name = mod.copied({str(elsewhere)!r})\n"
+                        f"name = mod.copied({str(elsewhere)!r}, but=user)\n"
                         "os.write(w, b'-\\n')\n"
                         "got = [mod.load('_cffi_backend'), mod.load('_xxsubinterpreters'), mod.load('_testcapi'),\n"
                         f"       mod.load(name, {str(elsewhere)!r}),\n"
@@ -751,7 +755,7 @@ def test_native_code_out_of_the_watchs_sight_is_refused_as_it_loads(tmp_path):
                         "print(name, honest, got, file=sys.stderr)\n"
                         "assert honest == mlx == 'loaded' and name, (name, honest, mlx)\n"
                         "assert all('a graded job may' in g for g in got), got\n"
-                        "assert name not in sys.modules\n")
+                        "assert name not in sys.modules\n", site)
     assert out.returncode == 0, out.stderr[-2000:]
     key, dash, *lines = out.stdout.splitlines()
     assert dash == "-", out.stdout
