@@ -441,6 +441,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     hand_outs = frozenset((name, path) for name, module in HANDS_OUT_FRAMES for path in _stdlib_files((module,)))
     proc, fsdecode, creates = stat("/proc/self").st_dev, os.fsdecode, os.O_CREAT
     refused_modules = REFUSED_MODULES
+    issubclass_, str_copy = issubclass, _str.__str__
     importing = "<frozen importlib."
 
     def memory_file(path, flags) -> bool:
@@ -449,6 +450,11 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
         writes to any byte of the process as ctypes does (red team).  A name that cannot be looked
         up from here (relative to a folder the job opened) counts if it ends in ``mem``."""
         try:
+            if _type(path) is not _str and _type(path) is not bytes and path is not None \
+                    and not issubclass_(_type(path), int):  # (a descriptor: already open)
+                path = named(path)  # (the tenth session's red team: a str subclass's /proc/self/mem passed)
+                if path is None:
+                    return True
             if _type(path) is bytes:
                 path = fsdecode(path)
             if _type(path) is not _str:
@@ -460,6 +466,18 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
             return st.st_dev == proc and st.st_mode & 0o177777 == 0o100600
         except Exception:  # noqa: BLE001 - (an odd name: counted)
             return True
+
+    def named(path):
+        """The name the call opens, as exact ``str`` or ``bytes``, where ``open`` was given a
+        subclass of either (a path object's ``__fspath__`` was asked before the event: its answer is
+        what the event holds): the subclass's own data, read with nothing of the job's run (its
+        methods are not asked).  None for anything else, which is refused."""
+        kind = _type(path)
+        if issubclass_(kind, _str):
+            return str_copy(path)
+        if issubclass_(kind, bytes):
+            return b"".join((path,))
+        return None
 
     def hands_out(returned, caller) -> bool:
         """Whether a library's frame read (``caller`` called ``sys._getframe``) returned a frame of the

@@ -650,11 +650,14 @@ ROUND_9 = {
                        "    functools.update_wrapper(colorsys.hls_to_rgb, lambda h, l, s: 0, ('__code__',), ())\n",
                        [("code objects", "mod/__init__.py", 3)]),
     # a process's memory, by its name or a link to it: refused, and said
-    "memory": ("import os, tempfile\ndef run():\n    link = os.path.join(tempfile.mkdtemp(), 'm')\n"
+    # (and, the tenth session's red team, by a str or bytes subclass's name, to open or os.open)
+    "memory": ("import os, tempfile\nclass S(str): pass\nclass B(bytes): pass\n"
+               "def run():\n    link = os.path.join(tempfile.mkdtemp(), 'm')\n"
                "    os.symlink('/proc/self/mem', link)\n"
-               "    for path in ('/proc/self/mem', link, '/proc/%d/mem' % os.getpid()):\n"
-               "        try:\n            open(path, 'r+b')\n        except PermissionError:\n            continue\n"
-               "        raise AssertionError(path)\n", [("raw memory", "mod/__init__.py", 7)]),
+               "    for path in ('/proc/self/mem', link, '/proc/%d/mem' % os.getpid(), S('/proc/self/mem'), B(b'/proc/self/mem')):\n"
+               "        for opener in (lambda p: open(p, 'r+b'), lambda p: os.open(p, os.O_RDWR)):\n"
+               "            try:\n                opener(path)\n            except PermissionError:\n                continue\n"
+               "            raise AssertionError(path)\n", [("raw memory", "mod/__init__.py", 8)]),
     # what libraries do for themselves, called by the job: nothing to say
     "honest": ("import enum, inspect, traceback, typing\ndef run():\n    try:\n        1 / 0\n"
                "    except ZeroDivisionError:\n        traceback.format_exc()\n"
