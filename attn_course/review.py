@@ -65,23 +65,29 @@ def _rule(name: str, pattern: str, why: str) -> Rule:
 
 RULES: tuple[Rule, ...] = (
     _rule("ctypes", r"\b_?ctypes\b", "writes the process's memory: can change the checks unseen"),
-    _rule("raw memory", r"\bctypeslib\b|\bas_strided\b|\bstride_tricks\b|__array_(?:interface|struct)__",
+    # (the tenth session's red team: an address from id() made an array through a class whose
+    # __array_interface__ was named by strings put together, or through DLPack, a capsule of any
+    # address made by scipy's get_raw_capsule)
+    _rule("raw memory", r"\bctypeslib\b|\bas_strided\b|\bstride_tricks\b|__array_(?:interface|struct)__"
+                        r"|(?<![\w.])id\s*\(|\bget_raw_capsule\b|\b_ccallback(?:_c)?\b|\bLowLevelCallable\b"
+                        r"|__dlpack__|\bPyCapsule\w*",
           "NumPy arrays over any address of the process: its memory read or written, as with ctypes"),
     # (the tenth session: cffi's backend casts an id() to a pointer, and a second interpreter runs
     # ctypes where no audit hook of the job's sees it; the watch refuses both as they run)
     _rule("native code", r"\b_?cffi(?:_backend)?\b|\b_test(?:internal)?capi\b|\b_(?:xx)?(?:sub)?interp(?:reters|channels|queues)\b"
-                         r"|\b(?:create|exec)_dynamic\b|\b_imp\b",
+                         r"|\b(?:create|exec)_dynamic\b|\b_imp\b|\bload_pjrt_plugin\w*|\bregister_plugin\b"
+                         r"|\b(?:enable_)?load_extension\b|\bregister_ffi_target\b",
           "native code of its own, or code in another interpreter: out of every check's sight"),
     _rule("gc", r"\bimport\s+gc\b|\bfrom\s+gc\s+import\b|\bgc\s*\.\s*get_(?:referrers|referents|objects)\b",
           "reaches every live object, the checks' own among them"),
     _rule("hooks", r"\bset(?:profile|trace)\b|\bsys\s*\.\s*monitoring\b|\b_getframe\b|\b_current_frames\b"
                    r"|\bwalk_(?:stack|tb)\b|\bget(?:inner|outer)frames\b|\bf_(?:back|globals|locals)\b"
-                   r"|\binspect\s*\.\s*(?:currentframe|stack|trace)\b",
+                   r"|\binspect\s*\.\s*(?:currentframe|stack|trace)\b|\b__traceback__\b|\btb_frame\b",
           "runs inside, or reads the frames of, the code that checks it"),
     # (the names of a ``from sys import`` as a list, not ``.*``: with ``.*`` each import on a line
     # scanned the rest of it, and a line of many imports held the grader for hours: red team)
     # (round 10: ``import sys as _s`` then ``_s.modules``: every rule that reads ``sys.`` missed it)
-    _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\.\s*modules\s*\[|\bimport\s+sys\s+as\b"
+    _rule("sys.modules", r"\bsys\s*\.\s*modules\b|\.\s*modules\s*\[|\bsys\s+as\b"
                          r"|\bfrom\s+sys\s+import\s*\(?\s*(?:\w+(?:\s+as\s+\w+)?\s*,\s*)*modules\b",
           "replaces modules the checks import"),
     # (round 6 of the eighth session's red teams: a partial's function replaced by __setstate__, an
@@ -118,7 +124,11 @@ RULES: tuple[Rule, ...] = (
     _rule("attributes by name", r"\b(?:setattr|getattr|getattr_static|attrgetter|methodcaller|get_field)\s*\(|\b__dict__\b"
                                 r"|\bFormatter\b"
                                 r"|__getattribute__|\b__setattr__\s*\("
-                                r"|(?<![\w.])(?:vars|globals|locals)\s*\(",
+                                r"|(?<![\w.])(?:vars|globals|locals)\s*\("
+                                # (the tenth session's red team: pickle's globals by name, members
+                                # by name, a class made of a namespace of names from strings)
+                                r"|\b(?:c?[Pp]ickle|_pickle|copyreg|shelve|dill|cloudpickle)\b|\bfind_class\b"
+                                r"|\bgetmembers\b|\bnew_class\b|(?<![\w.])type\s*\([^,()\n]*,[^,\n]*,",
           "reaches attributes or names it can build from pieces of strings, out of a reader's sight"),
 )
 
@@ -188,7 +198,9 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
                    "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|jaxpr|_consts|_eqns"
-                   "|cffi|_test|_xx|_interp|_dynamic|_imp")
+                   "|cffi|_test|_xx|_interp|_dynamic|_imp"
+                   "|__traceback__|tb_frame|ickle|copyreg|shelve|dill|find_class|getmembers|new_class|type\\s*\\(|id\\s*\\("
+                   "|raw_capsule|_ccallback|LowLevelCallable|__dlpack__|Capsule|pjrt|register_plugin|load_extension|ffi_target")
 
 
 def _combining_class() -> str:

@@ -58,7 +58,11 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
     # extension module of the job's own or one of those, and another interpreter, whose code no audit
     # hook of this one's sees (red team: ctypes run by _xxsubinterpreters.run_string, unseen)
     "import": ("native code", True), "cpython.PyInterpreterState_New": ("native code", True),
+    # (SQLite's extensions are native libraries it loads: where this Python can, refused as well)
+    "sqlite3.enable_load_extension": ("native code", True), "sqlite3.load_extension": ("native code", True),
 }
+NATIVE_EVENTS = frozenset({"import", "cpython.PyInterpreterState_New", "sqlite3.enable_load_extension",
+                           "sqlite3.load_extension"})  # (refused: :func:`watch_runs`'s native)
 # the extension modules a job may not import, wherever they lie: they read and write any address
 # of the process with no audit event (cffi's backend: cast an id() to a char * and write through
 # it), run code in another interpreter (below), or are CPython's own tests of its C internals
@@ -274,6 +278,75 @@ _FUNCTIONS = [Held(frozenset(), ())]  # the functions that exist before any job 
 SETS_UP_ITS_OWN = ("collections/__init__", "types")
 
 
+def refuse_native_loaders() -> None:
+    """jaxlib's loader of PJRT plugins, which opens any shared library by its path (in C++: no
+    audit event) and runs its set-up, replaced by one that refuses (the tenth session's red team:
+    reached through ``pickle``, it ran a library the job wrote).  A worker server calls this before
+    anything takes what a job may not change (:mod:`attn_course.tamper` sees it put back); the
+    grader's workers run JAX on the CPU, which loads no plugin."""
+    try:
+        from jaxlib import _jax
+    except ImportError:
+        return
+
+    def refused(*args, **kwargs):
+        raise PermissionError("a graded job may not load a PJRT plugin: native code out of every check's sight")
+
+    if hasattr(_jax, "load_pjrt_plugin"):
+        _jax.load_pjrt_plugin = refused
+
+
+def _executable_files(read, open_, close) -> list[str]:
+    """The files this process maps executable (from ``/proc/self/maps``), as the kernel names them."""
+    try:
+        fd = open_("/proc/self/maps", os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        chunks = []
+        while True:
+            chunk = read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        close(fd)
+    found = []
+    for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and "x" in fields[1] and fields[5].startswith("/"):
+            found.append(fields[5])
+    return found
+
+
+def foreign_code(libraries: tuple[str, ...] | None = None) -> Callable[[], str]:
+    """A check of this process's executable mappings, from now on: the first file mapped that is
+    native code the job could have written (the tenth session's red team had jaxlib's plugin
+    loader run such a library; whatever the door, it stays mapped), said as "native code loaded
+    from PATH"; "" where there is none.  A file counts where it is deleted, or lies on a file
+    system that is not read-only, outside the installed libraries (:func:`_libraries`) and the
+    folders of what this process mapped before (the Python's own, the C library's, wherever this
+    machine keeps them).  What it calls is held now."""
+    read, open_, close, statvfs, rdonly = posix.read, posix.open, posix.close, posix.statvfs, os.ST_RDONLY
+    trusted = tuple(libraries if libraries is not None else _libraries())
+    before = frozenset(path.rpartition("/")[0] for path in _executable_files(read, open_, close))
+
+    def check() -> str:
+        for path in _executable_files(read, open_, close):
+            deleted = path.endswith(" (deleted)")
+            if not deleted and (path.startswith(trusted) or path.rpartition("/")[0] in before):
+                continue
+            try:
+                if not deleted and statvfs(path).f_flag & rdonly:
+                    continue  # (not the job's: it can write nowhere there)
+            except OSError:
+                pass
+            return "native code loaded from " + path[:200]
+        return ""
+
+    return check
+
+
 def note_functions() -> None:
     """Holds every function the collector sees now: they existed before any job
     (:func:`watch_code_swaps`).  The server notes them before it freezes what it imported (the
@@ -440,7 +513,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     run_source, read_name = _stdlib_files(RUN_CALLERS_SOURCE), _stdlib_files(READ_CALLERS_NAME)
     hand_outs = frozenset((name, path) for name, module in HANDS_OUT_FRAMES for path in _stdlib_files((module,)))
     proc, fsdecode, creates = stat("/proc/self").st_dev, os.fsdecode, os.O_CREAT
-    refused_modules = REFUSED_MODULES
+    refused_modules, native_events = REFUSED_MODULES, NATIVE_EVENTS
     issubclass_, str_copy = issubclass, _str.__str__
     importing = "<frozen importlib."
 
@@ -530,6 +603,8 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
         """Why the job may not have this native code loaded or run ("" where it may): another
         interpreter, a module of :data:`REFUSED_MODULES`, or an extension module whose file is not
         an installed library's (one the job wrote: bytes of its own, or a library's copied)."""
+        if event.startswith("sqlite3."):
+            return "a graded job may not load SQLite's extensions: native code out of every check's sight"
         if event != "import":
             return "a graded job may not start another interpreter: no check of this one's sees its code"
         name = args[0] if args else None
@@ -546,7 +621,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     def hook(event: str, args: tuple) -> None:
         if event == "object.__setattr__" and not (_len(args) > 1 and args[1] in code_attributes):
             return
-        refusal = native(event, args) if event == "import" or event == "cpython.PyInterpreterState_New" else ""
+        refusal = native(event, args) if event in native_events else ""
         if event == "import" and not refusal:
             return
         if event == "object.__getattr__" and not (_len(args) > 1 and args[1] in frame_attributes):
@@ -563,7 +638,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
             if event == "open":
                 raise PermissionError("a process's memory is not a file a job may open")
             if refusal:
-                raise (ImportError if event == "import" else RuntimeError)(refusal)
+                raise (ImportError if event == "import" else PermissionError)(refusal)
             return
         busy.add(thread)
         rule, past_libraries = found
@@ -642,7 +717,7 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
             if event == "open":  # (said or not, by whomever: no one may have it)
                 raise PermissionError("a process's memory is not a file a job may open")  # noqa: B012
             if refusal:  # (nor this, by whomever)
-                raise (ImportError if event == "import" else RuntimeError)(refusal)  # noqa: B012
+                raise (ImportError if event == "import" else PermissionError)(refusal)  # noqa: B012
 
     say('{"watch": %s}\n' % quote(key))
     sys.addaudithook(hook)

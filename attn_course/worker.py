@@ -635,6 +635,7 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
     # what the job's reports are checked and written with, held before any of the submission runs:
     # it may rebind this module's globals (red team: worker.tamper, whose changed() said nothing)
     changed, swapped, hooked, encode, ran = tamper.changed, watch.SWAPPED, _HOOKED, values.encode, _RAN
+    foreign = watch.foreign_code()  # (native code the job had loaded: watch.foreign_code)
     if backend == "jax":  # (the probes too: the package may change the course's data as it loads)
         items = [JobItem(item["id"], exercises[item["id"]].probe,
                          [values.decode(case["inputs"]) for case in item["cases"]],
@@ -680,7 +681,7 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
             looked[0] = ran[0] if ran[0] != -1 else 0
             looked[1] = ("a profile or trace hook (sys.setprofile, sys.settrace)" if hooked[0]
                          else f"the code of {swapped[0]} (replaced)" if swapped[0]
-                         else changed(base) or "")
+                         else changed(base) or foreign() or "")
 
     def report(ex_id: str, results: list[dict]) -> None:
         # results computed with code the submission changed (a probe, jax.value_and_grad, a
@@ -1364,6 +1365,7 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
     import socket
 
     _setup_jax()
+    watch.refuse_native_loaders()  # (before anything takes what a job may not change)
     import warnings
 
     warnings.filterwarnings("ignore", message="Error writing persistent compilation cache")

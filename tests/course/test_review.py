@@ -55,7 +55,15 @@ SAMPLES = [
     ("from concurrent import futures", "processes"), ("_thread.start_new_thread(f, ())", "processes"),
     # (the tenth session: cffi's backend, a second interpreter, an extension module loaded by hand)
     ("import _cffi_backend as B", "native code"), ("ffi = cffi.FFI()", "native code"),
-    ("import _xxsubinterpreters as s", "native code"), ("from _interpreters import create", "native code"), ("_imp.create_dynamic(spec)", "native code"),
+    ("import _xxsubinterpreters as s", "native code"), ("from _interpreters import create", "native code"),
+    # (its round of the red team: raw memory from an id() through a class named by strings or DLPack,
+    # a traceback's frame, pickle's globals, a plugin loader, members by name, sys under another name)
+    ("a = id(x) + 24", "raw memory"), ("c = get_raw_capsule(a, 'dltensor', 0)", "raw memory"),
+    ("def __dlpack__(self, *a):", "raw memory"), ("V = type('V', (), {k: d})", "attributes by name"),
+    ("t = e.__traceback__", "hooks"), ("o = pickle.loads(b'x')", "attributes by name"),
+    ("m = dict(inspect.getmembers(x))", "attributes by name"), ("import os, sys as _s", "sys.modules"),
+    ("xla_client.load_pjrt_plugin_dynamically('p', path)", "native code"),
+    ("con.enable_load_extension(True)", "native code"), ("_imp.create_dynamic(spec)", "native code"),
     ("np.lib.stride_tricks.as_strided(x, (9,), (8,))", "raw memory"), ("np.ctypeslib.as_array(p, (4,))", "raw memory"),
     ("A.__array_interface__ = {'data': (address, False), 'shape': (9,), 'typestr': '<f8'}", "raw memory"),
     # (red team, round 9: the name as a dict's key, a string, which is otherwise not read)
@@ -90,6 +98,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
     "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
     "if isinstance(x, jax.core.Tracer):", "rows.extend(out)", "from jax import numpy as jnp, lax",
     "name = x.__class__.__name__", "if p.bind == q:", "_test_shapes = imp_weights(xx)",
+    "w = jnp.zeros(3, dtype=type(x))", "n = x.id(3) + grid(2)", "if type(a) is type(b):",
 ])
 def test_ordinary_code_is_not_flagged(line):
     assert review_text("attn_tensors/statmech.py", f"def f(x):\n    {line}\n    return x\n") == []
@@ -765,3 +774,44 @@ def test_native_code_out_of_the_watchs_sight_is_refused_as_it_loads(tmp_path):
     assert [(g["ran"], g["file"], g["line"]) for g in _unsealed(key, lines)] == [("native code", "mod/__init__.py", 7)]
     assert "native code" in WHY
 
+
+
+def test_native_code_loaded_by_any_door_is_found_in_the_process_map(tmp_path):
+    """The tenth session's red team loaded a library of its own through jaxlib's loader of PJRT
+    plugins (C++: no audit event).  That loader now refuses, and whatever door a job finds, what
+    it loaded stays mapped executable from a file that is not a library's: a job's report looks
+    for one (attn_course.watch.foreign_code) and is ``tampered`` when it finds it.  SQLite's
+    extensions are refused as they load."""
+    import subprocess
+    import sys
+
+    script = f"""
+import importlib.machinery, importlib.util, shutil, sys
+sys.path.insert(0, {str(ROOT)!r})
+import ctypes, jax.numpy, numpy, scipy.special
+from attn_course import watch
+from jaxlib import xla_client
+check = watch.foreign_code()
+assert check() == "", check()
+watch.refuse_native_loaders()
+try:
+    xla_client.load_pjrt_plugin_dynamically("mine", "/nowhere/plugin.so")
+    raise AssertionError("loaded")
+except PermissionError:
+    pass
+name = next(n for n in ("_csv", "_queue", "_bisect", "_heapq", "_random", "_json")
+            if (s := importlib.util.find_spec(n)) and str(s.origin).endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)))
+copy = shutil.copy(importlib.util.find_spec(name).origin, {str(tmp_path)!r})
+ctypes.CDLL(copy)
+print(check())
+r, w = __import__("os").pipe()
+watch.watch_runs(__import__("pathlib").Path({str(tmp_path)!r}), w)
+try:
+    sys.audit("sqlite3.load_extension", None, "ext")
+    raise AssertionError("not refused")
+except PermissionError:
+    pass
+"""
+    out = subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(f"native code loaded from {tmp_path}"), out.stdout
