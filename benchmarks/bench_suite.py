@@ -1,7 +1,8 @@
 """Time the test suite without the book on this machine, as issue 14 measures it.
 
-Runs ``pytest -n 2 --dist loadfile -p no:nbval -m "not book"`` (the first
-step of ``make test`` without the book's tests) and prints its wall time,
+Runs ``pytest -n N --dist loadfile -p no:nbval -m "not book"`` (the first
+step of ``make test`` without the book's tests; N is the machine's cores plus one, as
+``make test`` has it) and prints its wall time,
 the CPU time the kernel charged to it and every process it started (a
 cgroup, :mod:`_cpu`; sandboxed workers, Dask workers and notebook kernels
 included), how busy that kept the two cores, the test files that took
@@ -25,7 +26,7 @@ asks for no test whose verdict depends on machine load; this is how that is
 checked (3 busy processes on 2 cores make each test process 2.5 times
 slower, and found a Dask test that saw the worker retired by the test before).
 
-    python benchmarks/bench_suite.py [--workers 2] [--top 12] [--save pytest.log] [--record] [--load N]
+    python benchmarks/bench_suite.py [--workers N] [--top 12] [--save pytest.log] [--record] [--load N]
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ WHERE = re.compile(r"^\[(gw\d+)\] \[\s*\d+%\] \w+ (\S+?)::")  # -v: which worker
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (make test uses 2)")
+    ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) + 1,
+                    help="pytest-xdist workers (make test's: the cores plus one)")
     ap.add_argument("--top", type=int, default=12, help="how many of the longest test files to list")
     ap.add_argument("--save", type=Path, help="write pytest's own output (every test's duration) here")
     ap.add_argument("--record", action="store_true",

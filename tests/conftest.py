@@ -191,14 +191,14 @@ _LONG_S = 10.0
 
 
 def _rank(module: pytest.Module, items: list, first_book: list, durations: dict) -> tuple[int, float]:
-    """Where a test file goes: the long ones first, so that two workers finish together.
+    """Where a test file goes: the long ones first, so that the workers finish together.
 
     (0,): the first file that builds the book (its build is the long one); (1, -s): a file that
     took at least 10 s in the last recorded run (``tests/durations.json``), the longest first;
     (2,): the other book files (the book is built by then: theirs finds the cache warm); (3, -s):
     the rest, the longest first (the many short files fill in at the end).  A file not recorded
     yet is guessed from its marks: slow as a whole 10 s, some slow tests 5 s, else 0.5 s.  The
-    order changes no verdict, only how evenly two workers share the files.
+    order changes no verdict, only how evenly the workers share the files.
     """
     if any(it.get_closest_marker("book") for it in items):
         if not first_book:
