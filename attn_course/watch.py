@@ -61,8 +61,7 @@ RAN_EVENTS: dict[str, tuple[str, bool]] = {
     # (SQLite's extensions are native libraries it loads: where this Python can, refused as well)
     "sqlite3.enable_load_extension": ("native code", True), "sqlite3.load_extension": ("native code", True),
 }
-NATIVE_EVENTS = frozenset({"import", "cpython.PyInterpreterState_New", "sqlite3.enable_load_extension",
-                           "sqlite3.load_extension"})  # (refused: :func:`watch_runs`'s native)
+NATIVE_EVENTS = frozenset(e for e, (rule, _) in RAN_EVENTS.items() if rule == "native code")  # (all refused)
 # the extension modules a job may not import, wherever they lie: they read and write any address
 # of the process with no audit event (cffi's backend: cast an id() to a char * and write through
 # it), run code in another interpreter (below), or are CPython's own tests of its C internals
@@ -319,7 +318,7 @@ def _executable_files(read, open_, close) -> list[str]:
     return found
 
 
-def foreign_code(libraries: tuple[str, ...] | None = None) -> Callable[[], str]:
+def foreign_code() -> Callable[[], str]:
     """A check of this process's executable mappings, from now on: the first file mapped that is
     native code the job could have written (the tenth session's red team had jaxlib's plugin
     loader run such a library; whatever the door, it stays mapped), said as "native code loaded
@@ -328,11 +327,11 @@ def foreign_code(libraries: tuple[str, ...] | None = None) -> Callable[[], str]:
     folders of what this process mapped before (the Python's own, the C library's, wherever this
     machine keeps them).  What it calls is held now."""
     read, open_, close, statvfs, rdonly = posix.read, posix.open, posix.close, posix.statvfs, os.ST_RDONLY
-    trusted = tuple(libraries if libraries is not None else _libraries())
-    before = frozenset(path.rpartition("/")[0] for path in _executable_files(read, open_, close))
+    trusted, mapped = _libraries(), _executable_files
+    before = frozenset(path.rpartition("/")[0] for path in mapped(read, open_, close))
 
     def check() -> str:
-        for path in _executable_files(read, open_, close):
+        for path in mapped(read, open_, close):
             deleted = path.endswith(" (deleted)")
             if not deleted and (path.startswith(trusted) or path.rpartition("/")[0] in before):
                 continue
