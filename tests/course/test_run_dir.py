@@ -9,6 +9,7 @@ so no other process of the suite sweeps them meanwhile.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -114,3 +115,24 @@ def test_what_the_grader_makes_lives_in_its_process_folder(where):
         finally:
             sandbox.close()
     assert path.is_relative_to(run_dir()), path
+
+
+def test_the_worker_course_is_compiled_where_a_server_cannot_write():
+    """A server runs with ``-B`` from a read-only copy: each module comes from the bytecode staged
+    beside it (none compiled again at every start), and nothing there can be written."""
+    course = Path(worker_course())
+    code = (f"import sys; sys.path.insert(0, {str(course.parent)!r}); "
+            "import attn_course.worker, attn_course.watch, attn_course.registry; "
+            "attn_course.registry.all_exercises()")
+    r = subprocess.run([sys.executable, "-I", "-B", "-v", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    staged = sorted(course.rglob("*.py"))
+    loaded = {line.split("code object from ", 1)[1].strip(" '") for line in r.stderr.splitlines()
+              if "code object from " in line and str(course) in line}
+    imported = {p for p in staged if f"matches {p}" in r.stderr}
+    assert len(imported) >= 10, sorted(imported)  # the worker's own modules and the specs it registers
+    for source in imported:
+        pyc = importlib.util.cache_from_source(str(source))
+        assert pyc in loaded, (source, sorted(loaded))
+    for path in [course, *course.rglob("*")]:
+        assert not path.stat().st_mode & 0o222, path  # read-only, bytecode included
