@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 from pathlib import Path, PurePosixPath
 
-from .identity import MAX_TOKEN_INPUT, valid_student_id
+from .identity import MAX_TOKEN_INPUT, SEAL_CHARS, seal_for, valid_student_id
 from .workspace import ASSIGNMENT, FORMAT
 
 MAX_MEMBERS = 200
@@ -69,7 +69,8 @@ MANIFEST_FIELDS: dict[str, tuple[type, int, bool]] = {
     "library_version": (str, 32, True),
     "submitted": (str, 40, True),  # informational: the student's clock, never trusted
     "files": (dict, MAX_MEMBERS, True),
-    "token": (str, MAX_TOKEN_INPUT, False),
+    "seal": (str, SEAL_CHARS, False),  # the manifest's HMAC under the student's token (identity.seal_for)
+    "token": (str, MAX_TOKEN_INPUT, False),  # (an older attn-course's token in plain text: proves nothing)
     "exercises": (list, 500, False),
 }
 
@@ -85,8 +86,8 @@ class Submission:
     student_id: str = ""
     manifest: dict = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
-    token: str | None = None
-    """The manifest's token as written (``None`` if absent); see :func:`attn_course.identity.check_identity`."""
+    seal: str | None = None
+    """The manifest's seal as written (``None`` if absent); see :func:`attn_course.identity.check_archive`."""
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -343,7 +344,7 @@ def _read_submission(path: Path, assignment: str) -> Submission:
             raise Rejected(f"manifest: the hash of {name} does not match its content (tampered archive)")
     _check_sources(files)
     sub.student_id, sub.manifest, sub.files = manifest["student_id"], manifest, files
-    sub.token = manifest.get("token")
+    sub.seal = manifest.get("seal")
     return sub
 
 
@@ -399,12 +400,12 @@ def overlay(sub: Submission, release: Mapping[str, str]) -> dict[str, str]:
 
 def build_archive(path: Path, student_id: str, files: dict[str, bytes], assignment: str = ASSIGNMENT,
                   submitted: str = "2026-11-21T00:00:00+00:00", token: str | None = None) -> Path:
-    """An archive as `attn-course submit` makes it (for tests and benchmarks), with ``token`` if given."""
+    """An archive as `attn-course submit` makes it (for tests and benchmarks), sealed with ``token`` if given."""
     manifest = {"format": 1, "student_id": student_id, "assignment": assignment,
                 "library_version": "0.1.0", "submitted": submitted,
                 "files": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
     if token is not None:
-        manifest["token"] = token
+        manifest["seal"] = seal_for(token, manifest)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1))
         for n, d in files.items():

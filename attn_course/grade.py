@@ -62,7 +62,7 @@ from pathlib import Path
 
 from . import EXERCISES, RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
-from .identity import secret_fingerprint
+from .identity import secret_fingerprint, submission_digest
 from .interrupt import Interrupts
 from .outputs import beside, is_beside_name
 from .registry import Exercise, secret, select
@@ -337,11 +337,11 @@ class Grader:
         if not self.require_token and self.roster is None:
             result.identity = "ok"
             return
-        from .identity import check_identity
+        from .identity import check_archive
 
-        token = sub.manifest.get("token") if self.require_token else None
-        verdict = check_identity(sub.student_id, token, self.roster, self.secret,
-                                 require_token=self.require_token)
+        # (without tokens required, only the roster is asked: the id alone, seal or not)
+        manifest = sub.manifest if self.require_token else {"student_id": sub.student_id}
+        verdict = check_archive(manifest, self.roster, self.secret, require_token=self.require_token)
         result.identity = verdict.value
 
     def _run(self, slot: int, exercises: list[Exercise], files: dict[str, str], stubbed: set[str],
@@ -455,6 +455,7 @@ class Grader:
                 result.rejected = str(err)
                 return result
             result.student_id = sub.student_id
+            result.submission = submission_digest(sub.manifest)
             self._identify(sub, result)
             if result.identity != "ok":
                 result.rejected = f"identity: {result.identity}"

@@ -9,12 +9,17 @@ to a person is a *token*: an HMAC-SHA256 of the id under the course secret
 
 A student stores theirs once (``attn-course workspace DIR --student ID
 --token TOKEN``, or ``attn-course workspace --set-token TOKEN`` later) and
-every archive they submit carries it.  The grader recomputes the token from
-the id and compares: without the secret, a token for another id cannot be
-made, and a token copied from a classmate only works for the classmate's id.
+every archive they submit is *sealed* with it: the manifest carries an
+HMAC of its own text (the id, the time, every file's digest) under the
+token, never the token itself (:func:`seal_for`).  The grader recomputes the
+token from the id and checks the seal: without the secret, a token for
+another id cannot be made, and an archive a classmate has seen gives them
+no token to seal archives of their own with (red team, round 12: the token
+travelled in plain text, and any copy of a classmate's archive let one
+submit as them).
 
-:func:`check_identity` is the grader's verdict on one archive; with a
-roster, an archive whose id is not on it, or whose token is missing or
+:func:`check_archive` is the grader's verdict on one archive; with a
+roster, an archive whose id is not on it, or whose seal is missing or
 wrong, is not graded (:class:`IdentityVerdict` names which).
 """
 
@@ -26,6 +31,7 @@ import enum
 import hashlib
 import hmac
 import io
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -151,6 +157,51 @@ def verify_token(student_id: object, token: object, secret: str) -> bool:
     return hmac.compare_digest(raw.encode(), _digest(student_id, secret).encode())
 
 
+SEAL_CHARS = 64
+"""Characters of an archive's seal: the 256-bit HMAC in hex."""
+_SEAL_MESSAGE = b"attn-course archive seal v1\x00"
+
+
+def sealed_text(manifest: dict) -> bytes:
+    """What a seal covers: the manifest without its seal, as canonical JSON (keys sorted, ASCII)."""
+    body = {k: v for k, v in manifest.items() if k != "seal"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def seal_for(token: str, manifest: dict) -> str:
+    """The seal of ``manifest`` under ``token``: HMAC-SHA256(token, its text), 64 hex digits.
+
+    The manifest names every file of the archive by its SHA-256, so the seal
+    covers the whole archive: a changed file, id or time breaks it, and no
+    seal tells anything of the token it was made with.
+    """
+    raw = normalize_token(token)
+    if raw is None:
+        raise IdentityError(f"{token!r:.80} is not a course token: the archive cannot be sealed with it")
+    return hmac.new(raw.encode(), _SEAL_MESSAGE + sealed_text(manifest), hashlib.sha256).hexdigest()
+
+
+def verify_seal(manifest: dict, secret: str) -> bool:
+    """Whether ``manifest`` is sealed with the token of its own ``student_id`` under ``secret``
+    (constant-time compare); ``False`` (never an exception) for anything malformed."""
+    seal, student_id = manifest.get("seal"), manifest.get("student_id")
+    if type(seal) is not str or len(seal) != SEAL_CHARS or not valid_student_id(student_id) \
+            or not isinstance(secret, str) or not secret:
+        return False
+    try:
+        expected = seal_for(_digest(student_id, secret), manifest)
+    except (IdentityError, TypeError, ValueError):  # (a manifest JSON cannot write: never one parsed)
+        return False
+    return hmac.compare_digest(seal.encode(), expected.encode())
+
+
+def submission_digest(manifest: dict) -> str:
+    """One submission, however it was packed again: the SHA-256 of its manifest's text, seal included
+    (two archives with the same are the same files, id and time, sealed alike)."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=True).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Roster:
     """The students of a course, in the roster's order."""
@@ -251,6 +302,9 @@ class IdentityVerdict(enum.Enum):
     """A token is there but it is not the token of this id."""
     MISSING_TOKEN = "missing_token"
     """A token is required (there is a roster) and the archive has none."""
+    PLAIN_TOKEN = "plain_token"
+    """The archive carries a token in plain text instead of a seal (an older ``attn-course``, or a
+    token copied from someone's archive): it proves nothing."""
 
     @property
     def ok(self) -> bool:
@@ -269,6 +323,9 @@ _REASONS = {
                                "(set yours with `attn-course workspace --set-token TOKEN` and submit again)",
     IdentityVerdict.MISSING_TOKEN: "the archive has no token (set yours with "
                                    "`attn-course workspace --set-token TOKEN` and submit again)",
+    IdentityVerdict.PLAIN_TOKEN: "the archive carries a token in plain text, not sealed with it (made by an "
+                                 "older attn-course: anyone who saw it could submit as you); update "
+                                 "attn-course and submit again",
 }
 
 
@@ -291,6 +348,32 @@ def check_identity(manifest_student_id: object, token: object, roster: Roster | 
     if token is None or token == "":
         return IdentityVerdict.MISSING_TOKEN if require_token else IdentityVerdict.OK
     if not verify_token(manifest_student_id, token, secret):
+        return IdentityVerdict.BAD_TOKEN
+    return IdentityVerdict.OK
+
+
+def check_archive(manifest: dict, roster: Roster | None, secret: str,
+                  *, require_token: bool | None = None) -> IdentityVerdict:
+    """Whether an archive's manifest can be trusted to say who submitted it.
+
+    As :func:`check_identity`, with the archive's seal in place of a token:
+    an id not on ``roster`` is ``UNKNOWN_STUDENT``; no seal is ``PLAIN_TOKEN``
+    where the manifest has a token instead, else ``MISSING_TOKEN`` when
+    ``require_token`` (default: when there is a roster) and ``OK`` otherwise; a
+    seal that is not the one of the manifest's own id, files and time is ``BAD_TOKEN``.
+    """
+    if require_token is None:
+        require_token = roster is not None
+    student_id = manifest.get("student_id")
+    if roster is not None and student_id not in roster:
+        return IdentityVerdict.UNKNOWN_STUDENT
+    if not valid_student_id(student_id):
+        return IdentityVerdict.UNKNOWN_STUDENT
+    if manifest.get("seal") in (None, ""):
+        if manifest.get("token") not in (None, ""):
+            return IdentityVerdict.PLAIN_TOKEN if require_token else IdentityVerdict.OK
+        return IdentityVerdict.MISSING_TOKEN if require_token else IdentityVerdict.OK
+    if not verify_seal(manifest, secret):
         return IdentityVerdict.BAD_TOKEN
     return IdentityVerdict.OK
 

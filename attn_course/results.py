@@ -13,7 +13,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 RESULT_FORMAT = 2
@@ -61,6 +61,7 @@ class ArchiveResult:
     identity_policy: str = ""  # the roster and token rule the identity was checked under (Grader.identity_policy)
     review: list[dict] = field(default_factory=list)  # code to review (attn_course.review.Flag, as dicts)
     review_count: int = 0  # how many flags there were (``review`` keeps the first few)
+    submission: str = ""  # which submission it is, however packed (identity.submission_digest; "" if unread)
     format: int = RESULT_FORMAT
 
     @property
@@ -103,11 +104,27 @@ def own_result(results: Path, archive: Path) -> ArchiveResult | None:
 
 
 def latest_by_student(results: list[ArchiveResult]) -> dict[str, ArchiveResult]:
-    """Each student's accepted archive received last (file time, then name): the stated policy."""
+    """Each student's accepted archive received last (file time, then name): the stated policy.
+
+    A submission received again (the same sealed manifest, in another
+    archive) was received when it first came: its later copies count from
+    then.  So a copy of a student's archive that someone else hands in later
+    neither makes the student late nor puts an earlier draft back in place
+    of their last submission (red team, round 12); the result that counts
+    says when its submission first came (``received``).
+    """
+    first: dict[tuple[str, str], float] = {}
+    for r in results:
+        if r.student_id and not r.rejected and r.submission:
+            key = (r.student_id, r.submission)
+            first[key] = min(first.get(key, r.received), r.received)
     best: dict[str, ArchiveResult] = {}
     for r in results:
         if not r.student_id or r.rejected:
             continue
+        came = first.get((r.student_id, r.submission), r.received) if r.submission else r.received
+        if came != r.received:
+            r = replace(r, received=came)
         key = (r.received, r.archive)
         if r.student_id not in best or key > (best[r.student_id].received, best[r.student_id].archive):
             best[r.student_id] = r

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import EXERCISES, RELEASE_LIBRARY
-from .identity import STUDENT_ID, IdentityError, format_token, valid_student_id  # noqa: F401 (STUDENT_ID re-exported)
+from .identity import STUDENT_ID, IdentityError, format_token, seal_for, valid_student_id  # noqa: F401 (STUDENT_ID re-exported)
 from .registry import CHAPTERS, all_exercises
 from .results import atomic_write
 from .source_tree import walk
@@ -357,8 +357,8 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
         "files": {str(p): sha256(ws / p) for p in files},
     }
     token = info.get("token")
-    if token:
-        manifest["token"] = check_token(token)
+    if token:  # sealed with it: the token itself never leaves the workspace (identity.seal_for)
+        manifest["seal"] = seal_for(check_token(token), manifest)
     tmp = None
     try:
         # a fresh name beside it (never a file of the student's), renamed into place once checked

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from attn_course import archive
+from attn_course import archive, identity
 from attn_course.archive import MAX_FILE, MAX_MANIFEST, Rejected, Submission, build_archive, read_submission
 
 PY = b"def f(x):\n    return x\n" * 20
@@ -125,14 +125,17 @@ def test_raw_writer_makes_what_zipfile_reads():
 def test_honest_archives_are_accepted(tmp_path, method):
     sub = outcome(write(tmp_path, raw_zip(honest_entries(method=method))))
     assert isinstance(sub, Submission)
-    assert sub.student_id == "s1234567" and sub.files == FILES and sub.token is None
+    assert sub.student_id == "s1234567" and sub.files == FILES and sub.seal is None
     assert sub.sha256 == hashlib.sha256((tmp_path / "a.zip").read_bytes()).hexdigest()
 
 
 def test_build_archive_with_and_without_token(tmp_path):
+    from attn_course.identity import seal_for
+
     a = read_submission(build_archive(tmp_path / "a.zip", "s1", FILES))
     b = read_submission(build_archive(tmp_path / "b.zip", "s1", FILES, token="ABCDE-FGHIJ-KLMNO-PQRST"))
-    assert a.token is None and b.token == "ABCDE-FGHIJ-KLMNO-PQRST" and a.files == b.files == FILES
+    assert a.seal is None and a.files == b.files == FILES
+    assert b.seal == seal_for("ABCDE-FGHIJ-KLMNO-PQRST", b.manifest) and "token" not in b.manifest
 
 
 def test_streamed_archive_with_data_descriptors_is_accepted(tmp_path):
@@ -162,7 +165,8 @@ def test_what_attn_course_submit_makes_is_accepted(tmp_path):
 
     ws = workspace.create(tmp_path / "ws", "s1234567", "abcde fghij klmno pqrst")
     sub = read_submission(workspace.submit(ws))
-    assert sub.student_id == "s1234567" and sub.token == "ABCDE-FGHIJ-KLMNO-PQRST"
+    assert sub.student_id == "s1234567" and "token" not in sub.manifest
+    assert sub.seal == identity.seal_for("ABCDE-FGHIJ-KLMNO-PQRST", sub.manifest)
     assert "attn_tensors/statmech.py" in sub.files and any(n.startswith("notebooks/") for n in sub.files)
     assert isinstance(sub.manifest["exercises"], list)
 

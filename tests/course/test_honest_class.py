@@ -4,15 +4,20 @@ workspaces -> `attn-course grade` -> gradebook, feedback, report, histograms."""
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from attn_course import RELEASE_LIBRARY, ROOT
 from attn_course.archive import build_archive, library_files
+from attn_course.workspace import ASSIGNMENT
 from attn_course.identity import token_for
 
 SECRET = "honest-class-secret"
@@ -77,6 +82,17 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     # mallory submits as bob with her own token, and once with no token at all
     build_archive(subs / "mallory.zip", "bob", ref, token=token_for("mallory", SECRET))
     build_archive(subs / "anon.zip", "carol", ref)
+    # ... then hands in, last, a copy of alice's first archive (red team, round 12: it became her
+    # last), and an archive as dave with dave's token in plain text, as an older attn-course wrote it
+    shutil.copyfile(old, subs / "mallory-copy.zip")
+    os.utime(subs / "mallory-copy.zip", (1_700_000_900, 1_700_000_900))
+    with zipfile.ZipFile(subs / "dave.zip", "w") as z:
+        z.writestr("manifest.json", json.dumps({
+            "format": 1, "student_id": "dave", "assignment": ASSIGNMENT, "library_version": "0.1.0",
+            "submitted": "2026-11-21T00:00:00+00:00", "token": token_for("dave", SECRET),
+            "files": {n: hashlib.sha256(d).hexdigest() for n, d in ref.items()}}))
+        for n, d in ref.items():
+            z.writestr(n, d)
     env["ATTN_COURSE_SECRET"] = SECRET
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -85,7 +101,7 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     assert rows["alice"]["archive"] == "alice-1.zip" and rows["alice"]["total"] == "0"
     report = (out / "report.md").read_text()
     assert "several archives" in report and "bad\\_token" in report or "bad_token" in report
-    assert "missing" in report
+    assert "missing" in report and "plain" in report
     # another secret (a typo, or a secret file's line end): refused, the grading kept as it was
     before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "run.lock"}
     for other in (SECRET + "-rotated", SECRET + "\n", " "):
@@ -98,7 +114,7 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     # ... and graded again under the new one only when asked
     env["ATTN_COURSE_SECRET"] = SECRET + "-rotated"
     r = subprocess.run(cmd + ["--regrade"], capture_output=True, text=True, env=env, timeout=900)
-    assert "0 already graded, 4 to grade" in r.stdout, r.stdout[-2000:]
+    assert "0 already graded, 6 to grade" in r.stdout, r.stdout[-2000:]
 
 
 def test_ctrl_c_stops_within_seconds_and_keeps_finished_results(tmp_path):

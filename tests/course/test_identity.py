@@ -197,7 +197,7 @@ def test_verdict_reasons_are_fixed_text():
         assert v.reason and v.reason.isascii() and v.reason.isprintable()
         assert v.ok is (v is IdentityVerdict.OK)
         assert IdentityVerdict(v.value) is v
-    assert {v.value for v in IdentityVerdict} == {"ok", "unknown_student", "bad_token", "missing_token"}
+    assert {v.value for v in IdentityVerdict} == {"ok", "unknown_student", "bad_token", "missing_token", "plain_token"}
 
 
 # -- the instructor's commands -------------------------------------------------------------
@@ -302,10 +302,10 @@ def test_workspace_token_goes_into_every_submission(tmp_path, monkeypatch, capsy
     out, err = capsys.readouterr()
     assert "warning" not in err
     archive = Path(out.split("Wrote ", 1)[1].split("\n", 1)[0])
-    assert _manifest(archive)["token"] == token
+    assert "token" not in _manifest(archive) and token.replace("-", "") not in archive.read_bytes().decode("latin-1")
     sub = read_submission(archive)
-    assert sub.token == token and sub.student_id == "s1234567"
-    assert check_identity(sub.student_id, sub.token, Roster(("s1234567",)), SECRET) is IdentityVerdict.OK
+    assert sub.seal == identity.seal_for(token, sub.manifest) and sub.student_id == "s1234567"
+    assert identity.check_archive(sub.manifest, Roster(("s1234567",)), SECRET) is IdentityVerdict.OK
 
 
 def test_workspace_without_token_submits_with_a_warning_then_sets_one(tmp_path, monkeypatch, capsys):
@@ -316,8 +316,8 @@ def test_workspace_without_token_submits_with_a_warning_then_sets_one(tmp_path, 
     out, err = capsys.readouterr()
     assert "no token" in err and "roster" in err
     first = Path(out.split("Wrote ", 1)[1].split("\n", 1)[0])
-    assert "token" not in _manifest(first)
-    assert check_identity("s7", read_submission(first).token, Roster(("s7",)), SECRET) is \
+    assert "token" not in _manifest(first) and "seal" not in _manifest(first)
+    assert identity.check_archive(read_submission(first).manifest, Roster(("s7",)), SECRET) is \
         IdentityVerdict.MISSING_TOKEN
 
     # later, from inside the workspace
@@ -331,7 +331,7 @@ def test_workspace_without_token_submits_with_a_warning_then_sets_one(tmp_path, 
     second = Path(out.split("Wrote ", 1)[1].split("\n", 1)[0])
     assert first.exists() and second != first and "warning" not in err
     sub = read_submission(second)
-    assert check_identity(sub.student_id, sub.token, Roster(("s7",)), SECRET) is IdentityVerdict.OK
+    assert identity.check_archive(sub.manifest, Roster(("s7",)), SECRET) is IdentityVerdict.OK
 
 
 def test_workspace_refuses_malformed_tokens_and_mixed_options(tmp_path, capsys):
@@ -358,9 +358,64 @@ def test_a_forged_archive_is_caught(tmp_path):
     for name, token in [("own", token_for("bob", SECRET)), ("made_up", "ABCDE-FGHIJ-KLMNO-PQRST"),
                         ("ci", token_for("alice", CI_SECRET)), ("none", None)]:
         sub = read_submission(build_archive(tmp_path / f"{name}.zip", "alice", files, token=token))
-        assert not check_identity(sub.student_id, sub.token, roster, SECRET).ok, name
+        assert not identity.check_archive(sub.manifest, roster, SECRET).ok, name
     honest = read_submission(build_archive(tmp_path / "a.zip", "alice", files, token=token_for("alice", SECRET)))
-    assert check_identity(honest.student_id, honest.token, roster, SECRET).ok
+    assert identity.check_archive(honest.manifest, roster, SECRET).ok
+
+
+def test_an_archive_a_classmate_has_seen_seals_nothing_else(tmp_path):
+    """Red team, round 12: the manifest carried the token itself, so Bob, with a copy of one of
+    Alice's archives, sealed archives of his own making as hers.  Now it carries a seal of its
+    own text: any change to a file, the id or the time breaks it, and the token is nowhere in it."""
+    from attn_course.archive import build_archive
+
+    roster = Roster(("alice", "bob"))
+    token = token_for("alice", SECRET)
+    files = {"attn_tensors/__init__.py": b"", "attn_tensors/statmech.py": b"x = 1\n"}
+    seen = read_submission(build_archive(tmp_path / "alice.zip", "alice", files, token=token))
+    assert identity.check_archive(seen.manifest, roster, SECRET).ok
+    raw = (tmp_path / "alice.zip").read_bytes().decode("latin-1")
+    assert identity.normalize_token(token) not in raw and token not in raw
+    forged = [
+        {**seen.manifest, "files": {**seen.manifest["files"], "attn_tensors/statmech.py": "0" * 64}},
+        {**seen.manifest, "submitted": "2026-11-20T00:00:00+00:00"},
+        {**seen.manifest, "student_id": "bob"},
+        {**seen.manifest, "seal": seen.manifest["seal"].upper()},
+        {**seen.manifest, "seal": seen.manifest["seal"][:-1] + ("0" if seen.manifest["seal"][-1] != "0" else "1")},
+        {**{k: v for k, v in seen.manifest.items() if k != "seal"}, "token": token},  # the old form, plain
+        {**seen.manifest, "extra": 1},
+    ]
+    verdicts = [identity.check_archive(m, roster, SECRET) for m in forged]
+    assert not any(v.ok for v in verdicts), verdicts
+    assert verdicts[5] is IdentityVerdict.PLAIN_TOKEN
+    assert "older attn-course" in IdentityVerdict.PLAIN_TOKEN.reason
+    # (the seal covers the manifest as parsed: key order and spacing do not matter)
+    assert identity.verify_seal(dict(reversed(list(seen.manifest.items()))), SECRET)
+
+
+def test_a_copy_of_a_students_archive_handed_in_later_changes_nothing(tmp_path):
+    """Red team, round 12: Bob hands in, later, an exact copy of Alice's last archive (she became
+    a day late) or of her earlier draft (it became her last).  A submission received again counts
+    from when it first came."""
+    from attn_course.results import ArchiveResult, latest_by_student
+
+    def res(name, received, submission, total):
+        return ArchiveResult(name, "", "", ["3.1"], received=received, student_id="alice", identity="ok",
+                             scores={"3.1": total}, submission=submission)
+
+    draft, final = res("draft.zip", 100.0, "d" * 64, 1.0), res("final.zip", 200.0, "f" * 64, 3.0)
+    final_again = res("bob-copy-of-final.zip", 900.0, "f" * 64, 3.0)
+    draft_again = res("bob-copy-of-draft.zip", 950.0, "d" * 64, 1.0)
+    assert latest_by_student([draft, final])["alice"].archive == "final.zip"
+    best = latest_by_student([draft, final, final_again])["alice"]
+    assert best.received == 200.0 and best.total == 3.0  # not late
+    best = latest_by_student([draft, final, draft_again])["alice"]
+    assert best.archive == "final.zip" and best.received == 200.0  # the draft does not come back
+    # a new submission of hers (another digest) still counts from when it came
+    later = res("final2.zip", 1000.0, "e" * 64, 2.0)
+    assert latest_by_student([draft, final, draft_again, later])["alice"].archive == "final2.zip"
+    # results written before the digest existed: the file time, as before
+    assert latest_by_student([res("a.zip", 5.0, "", 1.0), res("b.zip", 7.0, "", 2.0)])["alice"].archive == "b.zip"
 
 
 def test_student_id_pattern_refuses_a_trailing_newline():
