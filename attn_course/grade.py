@@ -405,14 +405,15 @@ class Grader:
 
     @staticmethod
     def _ran(ran: list, files: dict[str, str], result: ArchiveResult) -> None:
-        """What the archive's code was seen doing as it ran, after what was read of it (the report's
-        "Code to review"): each rule once, where it was not read already."""
-        from .review import MAX_FLAGS, ran_flags
+        """What the archive's code was seen doing as it ran, before what was read of it (the report's
+        "Code to review"): each rule once, where it was not read already; of them all, every rule's
+        first is kept (:func:`attn_course.review.kept`)."""
+        from .review import Flag, kept, ran_flags
 
         read = {f["rule"] for f in result.review}
         flags = [f for f in ran_flags(ran, files) if f.rule not in read]
         result.review_count += len(flags)
-        result.review = (result.review + [f.to_dict() for f in flags])[:MAX_FLAGS]
+        result.review = [f.to_dict() for f in kept(flags + [Flag.from_dict(d) for d in result.review])]
 
     @functools.cached_property
     def _release_answers(self) -> dict[str, str]:

@@ -50,6 +50,11 @@ MAX_TEXT = 1 << 20  # characters of a module read (a submission's module is far 
 # 2 s a megabyte: an archive of 16 such modules held the grader, outside every limit, for a minute)
 MAX_TOKENIZED = 1 << 20
 MAX_FLAGS = 20  # flags kept per archive (the count says how many there were)
+# characters of an archive's code that are read at all (the rules, line by line): four times the
+# whole library.  Every line a rule matched made a flag, kept or not: an archive of 78 modules of
+# `y = id(x)` made 1.5 million and held the grader 50 s, outside every limit (red team, round 12)
+MAX_READ = 1 << 20
+UNREAD = "not read"  # the flag of the code past MAX_READ
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,8 @@ class Flag:
 
 
 WHY = {r.name: r.why for r in RULES}
+WHY[UNREAD] = (f"the archive's code is longer than the review reads ({MAX_READ // 2**20} M characters): "
+               "what lies past it was not read, by any rule")
 
 
 def _code_lines(text: str) -> list[str]:
@@ -237,11 +244,14 @@ def _known(stub: str) -> frozenset[str]:
     return frozenset(line.strip() for line in python_lines(_as_python_reads(stub)))
 
 
-def review_text(where: str, text: str, stub: str = "", budget: list[int] | None = None) -> list[Flag]:
+def review_text(where: str, text: str, stub: str = "", budget: list[int] | None = None,
+                counts: dict[str, int] | None = None) -> list[Flag]:
     """The flags of one module (or a notebook's answer cells): lines not in ``stub`` that a rule matches.
 
     ``budget``: ``[characters]`` the archive may still have tokenized (:data:`MAX_TOKENIZED`),
-    spent here; once spent, the text's strings and comments are read as code too."""
+    spent here; once spent, the text's strings and comments are read as code too.  ``counts``:
+    the archive's flags so far, by rule; a rule's flags past :data:`MAX_FLAGS` are counted there,
+    not made (none of them would be kept)."""
     written = text[:MAX_TEXT]
     # (capped again as Python reads it: NFKC makes one character up to 18 -- U+FDFA -- and a 2 MB
     # module of them held the grader 22 s, an archive of seven 80 s: red team)
@@ -270,8 +280,14 @@ def review_text(where: str, text: str, stub: str = "", budget: list[int] | None 
         found = [rule.name for rule in RULES if rule.pattern.search(code)]
         if IN_STRINGS[1] not in found and IN_STRINGS[0].search(lines[i]):
             found.append(IN_STRINGS[1])
-        flags += [Flag(f"{where}:{number}", name, plain(shown[i].strip(), 160, newlines=False))
-                  for name in WHY if name in found]
+        for name in WHY:
+            if name not in found:
+                continue
+            if counts is not None:
+                counts[name] = counts.get(name, 0) + 1
+                if counts[name] > MAX_FLAGS:
+                    continue
+            flags.append(Flag(f"{where}:{number}", name, plain(shown[i].strip(), 160, newlines=False)))
     return flags
 
 
@@ -279,19 +295,52 @@ def review_package(files: Mapping[str, str], release: Mapping[str, str],
                    notebooks: Mapping[str, bytes] = {}, release_notebooks: Mapping[str, str] = {}) -> tuple[list[Flag], int]:
     """Flags of an archive's library (``{path: text}``, against the release's) and notebooks
     (``{"notebooks/chNN.ipynb": bytes}``, answer cells against the release's answer cells):
-    at most :data:`MAX_FLAGS` of them, and how many there were."""
+    at most :data:`MAX_FLAGS` of them (:func:`kept`: every rule's first, then the rest in order),
+    and how many there were.  The first :data:`MAX_READ` characters of the archive's code are
+    read; where there is more, a flag of :data:`UNREAD` says where the reading stopped."""
     flags: list[Flag] = []
     budget = [MAX_TOKENIZED]
-    for path in sorted(files):
-        if path.endswith(".py") and files[path] != release.get(path):
-            flags += review_text(path, files[path], release.get(path, ""), budget)
+    counts: dict[str, int] = {}
+    left = MAX_READ
+    texts = [(path, files[path], release.get(path, "")) for path in sorted(files)
+             if path.endswith(".py") and files[path] != release.get(path)]
     for name in sorted(notebooks):
         try:
             cells = answer_cells(notebooks[name])
         except ValueError:
             continue  # (the grader says so where it grades notebooks)
-        flags += review_text(f"{name} (answer cells)", cells, release_notebooks.get(name, ""), budget)
-    return flags[:MAX_FLAGS], len(flags)
+        texts.append((f"{name} (answer cells)", cells, release_notebooks.get(name, "")))
+    for where, text, stub in texts:
+        flags += review_text(where, text[:left], stub, budget, counts)
+        if len(text) > left:
+            flags.append(Flag(where, UNREAD, f"read up to its character {left + 1:,} only: the archive's code "
+                                             f"took the review's {MAX_READ // 2**20} M characters"))
+            counts[UNREAD] = 1
+            break
+        left -= len(text)
+    return kept(flags, counts), sum(counts.values())
+
+
+def kept(flags: list[Flag], counts: Mapping[str, int] | None = None, limit: int = MAX_FLAGS) -> list[Flag]:
+    """At most ``limit`` of an archive's flags, in their order: each rule's first (the rarest
+    rules' first, where there are more rules than room), then the others as they come.  The
+    first ``limit`` alone hid a rule behind as many harmless flags of another (red team, round 12:
+    twenty ``getattr`` lines in a module read first, and its ``import ctypes`` was in no report)."""
+    if len(flags) <= limit:
+        return list(flags)
+    by_rule: dict[str, int] = dict(counts or {})  # (how many each rule had, kept or not)
+    if not by_rule:
+        for f in flags:
+            by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
+    firsts = {}
+    for i, f in enumerate(flags):
+        firsts.setdefault(f.rule, i)
+    chosen = set(sorted(firsts.values(), key=lambda i: (by_rule[flags[i].rule], i))[:limit])
+    for i in range(len(flags)):
+        if len(chosen) >= limit:
+            break
+        chosen.add(i)
+    return [f for i, f in enumerate(flags) if i in chosen]
 
 
 def ran_flags(ran: Iterable, files: Mapping[str, str]) -> list[Flag]:

@@ -121,6 +121,50 @@ def test_the_reference_library_and_solutions_are_never_flagged():
     assert review_package(REF, {})[1] > 0
 
 
+def test_many_flags_of_one_rule_hide_no_other_rule():
+    """Red team, round 12: twenty getattr lines in a module read first filled the archive's
+    twenty flags, and its ``import ctypes`` was in no report.  Every rule's first is kept."""
+    files = dict(RELEASE)
+    files["attn_tensors/aaa.py"] = "".join(f"a{i} = getattr(x, 'shape{i}', None)\n" for i in range(3 * MAX_FLAGS))
+    files["attn_tensors/statmech.py"] += "\nimport ctypes\n"
+    flags, n = review_package(files, RELEASE)
+    assert len(flags) == MAX_FLAGS and n == 3 * MAX_FLAGS + 1
+    assert [f.rule for f in flags].count("ctypes") == 1 and flags[-1].rule == "ctypes"  # (in file order)
+    # what ran comes first, and what was read keeps every rule's first too
+    from attn_course.grade import Grader
+    from attn_course.results import ArchiveResult
+    from attn_course.runner import Ran
+
+    result = ArchiveResult("a.zip", "", "", [], review=[f.to_dict() for f in flags], review_count=n)
+    Grader._ran([Ran("processes", "attn_tensors/statmech.py", 3)], files, result)
+    rules = [f["rule"] for f in result.review]
+    assert len(rules) == MAX_FLAGS and rules[0] == "processes" and "ctypes" in rules and result.review_count == n + 1
+
+
+def test_an_archive_of_endless_flagged_lines_is_read_up_to_a_budget(monkeypatch):
+    """Red team, round 12: 78 modules of 20,000 lines ``y = id(x)`` made 1.5 million flags, 20 kept,
+    and held the grader 50 s.  The archive's code is read up to MAX_READ characters, the rest is
+    said to be unread, and no rule's flags past MAX_FLAGS are made."""
+    from attn_course import review
+    from attn_course.review import MAX_READ, UNREAD
+
+    module = "y = id(x)\n" * 20_000
+    files = {f"attn_tensors/m{k:02d}.py": module for k in range(78)}
+    calls = []
+    real = review.Flag
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(review, "Flag", counted)
+    flags, n = review_package(files, {})
+    read_lines = MAX_READ // len("y = id(x)\n")
+    assert n == read_lines + 1 and len(flags) == MAX_FLAGS
+    assert len(calls) == MAX_FLAGS + 1  # made: the kept ones and the unread's, never the other 52,000
+    assert flags[-1].rule == UNREAD and flags[-1].where == f"attn_tensors/m{MAX_READ // len(module):02d}.py"
+
+
 def test_a_notebook_answer_cell_is_read_and_an_archive_keeps_its_first_flags():
     nb = {"cells": [{"cell_type": "code", "source": "import ctypes\n" * 3,
                      "metadata": {"nbgrader": {"grade_id": "ex-3-1-answer", "solution": True}}}],
