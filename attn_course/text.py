@@ -30,10 +30,13 @@ CUT = "[...]"
 
 # Escape sequences are removed whole, so no "[2J" or "]8;;http://..." is left behind:
 # CSI (ESC [ ... final, or the 8-bit C1 CSI), OSC/DCS/SOS/PM/APC strings up to
-# BEL or ST (or the end of the text), then any other two-character ESC sequence.
+# BEL or ST (at most 512 characters), then any other two-character ESC sequence.
+# A string with no terminator loses its introducer only: removed "to the end of
+# the text", one character hid the rest of a line -- the flagged code after it in
+# the review, a copied block in the similarity view (red team, round 12).
 _ESCAPES = re.compile(
     r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
-    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]{0,512}(?:\x07|\x1b\\|\x9c)"
     r"|\x1b[ -/]*[0-~]?"
 )
 # Characters that move the cursor, hide text or reorder it; all of Cc (controls),

@@ -95,6 +95,19 @@ def test_escape_sequences_are_removed_whole():
     assert plain("\x1b[1;31mFAIL\x1b[0m") == "FAIL"
 
 
+@pytest.mark.parametrize("start", ["\x9d", "\x1b]", "\x90", "\x1bP", "\x9f"])
+def test_a_string_sequence_with_no_end_hides_nothing_after_it(start):
+    """Red team, round 12: a string literal holding U+009D (or ESC ]), which starts an OSC string,
+    and no terminator: the rest of the line went with it, ``import ctypes`` or a copied block."""
+    line = f"s = \"{start}\"; import ctypes  # copied block"
+    assert plain(line) == 's = ""; import ctypes  # copied block'
+    assert "import ctypes" in md_inline(line) and "import ctypes" in terminal(line)
+    # a string far longer than any title or link is not one either: shown, not swallowed
+    assert "visible" in plain("\x1b]0;" + "x" * 600 + "visible\x07", 2000)
+    # a terminated one still goes whole
+    assert plain("a\x9d0;title\x9cb") == "ab" and plain("a\x1b]8;;u\x07b") == "ab"
+
+
 def test_bidi_and_invisible_characters_are_removed():
     assert plain(BIDI) == "grade001 hidden text"
     assert plain(ZERO_WIDTH) == "s1234567"
