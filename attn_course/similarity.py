@@ -17,10 +17,11 @@ a copied notebook, or library code pasted into one, is found.  A student's
 code is its statements as Python's tokenizer reads them (:func:`code_lines`:
 comments, blank lines and statements that do nothing left out, each statement
 whole on a line of its own: padding, stray quotes and ``;`` once hid a
-word-for-word copy) and is capped (:data:`MAX_SOURCE` read,
-:data:`MAX_LINES` and :data:`MAX_CODE` a module, :data:`MAX_WHOLE` the whole:
-six to forty times the reference's), which bounds what one archive costs:
-under 0.85 M characters to tokenise and a bounded diff, whatever it holds.
+word-for-word copy) and is capped (:data:`MAX_SOURCE` read a file and
+:data:`MAX_ARCHIVE_SOURCE` an archive, :data:`MAX_LINES` and :data:`MAX_CODE` a
+module, :data:`MAX_WHOLE` the whole: six to forty times the reference's),
+which bounds what one archive costs: under 0.85 M characters to tokenise past
+the stubs and a bounded diff, however many files it holds.
 Code that a cap cut is listed in the report ("not compared in full"): a copy
 placed after enough code of another kind is not found, but the padding is
 seen.  That code is normalised
@@ -65,6 +66,9 @@ WINDOW = 4  # winnowing window (copydetect's default guarantee threshold is K + 
 MAX_CODE = 25_000  # characters of one module's student code considered (the reference's largest: 3.4 k)
 MAX_WHOLE = 100_000  # characters of a student's whole library considered (the reference's: 24 k)
 MAX_SOURCE = 200_000  # characters of a file read past the stub's length (bounds the tokenizer's cost)
+# characters of an archive's files read past their stubs' lengths, all files together: one archive of
+# 78 extra modules of 200 k each held the class's comparison 80 s (red team, round 12)
+MAX_ARCHIVE_SOURCE = 850_000
 MAX_LINES = 2_000  # lines of code of one module beyond the stub's considered (bounds difflib's cost; the reference's largest: 47)
 MAX_SHOWN = 200  # pairs in the report
 SHOW_CHARS = 20_000  # characters of the HTML view per side, as escaped (what a pair adds to the page: twice that)
@@ -206,7 +210,7 @@ def _stub_lines(stub: str) -> tuple[str, ...]:
     return tuple(code_lines(stub))
 
 
-def own_code(source: str, stub: str) -> OwnCode:
+def own_code(source: str, stub: str, limit: int = MAX_SOURCE) -> OwnCode:
     """The lines of code of ``source`` that are not the stub's (what the student wrote), in order.
 
     Lines are statements, as :func:`code_lines` reads them from the first
@@ -215,12 +219,13 @@ def own_code(source: str, stub: str) -> OwnCode:
     of ``source``, so the student's first :data:`MAX_LINES` lines of code lie
     in its first ``stub lines + MAX_LINES`` (only those are diffed: difflib's
     cost grows with how often a stub line repeats in ``source``), and at most
-    :data:`MAX_CODE` characters are kept.  ``cut`` when a cap left any out.
+    :data:`MAX_CODE` characters are kept.  ``cut`` when a cap left any out.  ``limit``: what the
+    archive has left to read (:data:`MAX_ARCHIVE_SOURCE`), if less than :data:`MAX_SOURCE`.
     """
     if source == stub:
         return OwnCode("", False)
     a = _stub_lines(stub)
-    read = source[: len(stub) + MAX_SOURCE]
+    read = source[: len(stub) + max(0, min(limit, MAX_SOURCE))]
     lines = code_lines(read)
     b = lines[: len(a) + MAX_LINES]
     out = []
@@ -318,15 +323,22 @@ def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: P
         if sub.student_id != sid:
             found.skipped.append(f"{r.archive}: no longer the archive that was graded")
             continue
-        own: dict[str, OwnCode] = {m: own_code(sub.files[m].decode("utf-8", "replace"), stub)
+        left = [MAX_ARCHIVE_SOURCE]  # (the archive's files read in this order, until it is spent)
+
+        def read(source: str, stub: str) -> OwnCode:
+            code = own_code(source, stub, left[0])
+            left[0] -= max(0, min(len(source), len(stub) + MAX_SOURCE) - len(stub))
+            return code
+
+        own: dict[str, OwnCode] = {m: read(sub.files[m].decode("utf-8", "replace"), stub)
                                    for m, stub in stubs.items() if m in sub.files}
         for name, stub in notebook_stubs.items():
             if name.removesuffix(ANSWERS) in sub.files:
                 try:
-                    own[name] = own_code(answer_cells(sub.files[name.removesuffix(ANSWERS)]), stub)
+                    own[name] = read(answer_cells(sub.files[name.removesuffix(ANSWERS)]), stub)
                 except ValueError:
                     found.skipped.append(f"{r.archive}: {name.removesuffix(ANSWERS)} is not a readable notebook")
-        extra = {m: own_code(sub.files[m].decode("utf-8", "replace"), "") for m in sorted(sub.files)
+        extra = {m: read(sub.files[m].decode("utf-8", "replace"), "") for m in sorted(sub.files)
                  if m.startswith("attn_tensors/") and m not in stubs}
         whole = "\n".join([c.text for _, c in sorted(own.items())] + [c.text for c in extra.values()])
         found.codes[sid] = {m: c.text for m, c in own.items()} | {WHOLE: whole[:MAX_WHOLE]}

@@ -204,6 +204,37 @@ def test_padding_hides_no_copy_and_code_past_the_caps_is_listed(tmp_path):
     assert "Code not compared in full" in page and f"<li>eve: {MODULE}</li>" in page
 
 
+def test_an_archive_of_many_files_is_read_up_to_its_budget(tmp_path, monkeypatch):
+    """Red team, round 12: the cap was a file's (MAX_SOURCE), and an archive of 78 extra modules of
+    200 k characters each held the class's comparison 80 s.  An archive's files are read up to
+    MAX_ARCHIVE_SOURCE past their stubs, all together; the files past it are listed as cut."""
+    from attn_course import similarity
+    from attn_course.similarity import MAX_ARCHIVE_SOURCE, MAX_SOURCE, WHOLE, Cut, class_codes
+
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    module = "".join(f"v{k} = {k} * {k}\n" for k in range(20_000))[:MAX_SOURCE]
+    extra = {f"attn_tensors/extra_{k:02d}.py": module.encode() for k in range(10)}
+    build_archive(subs / "ada.zip", "ada", {**_with_31(ORIGINAL), **extra})
+    build_archive(subs / "bea.zip", "bea", _with_31(ORIGINAL))
+    results = [ArchiveResult(f"{sid}.zip", "", "fp", ["3.1"], received=1.0, student_id=sid, identity="ok")
+               for sid in ("ada", "bea")]
+    read: list[int] = []
+    real = similarity.code_lines
+
+    def counted(text: str) -> list[str]:
+        read.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(similarity, "code_lines", counted)
+    found = class_codes(subs, results)
+    stubs = sum(len(v) for v in library_files(RELEASE_LIBRARY).values())
+    assert sum(read) <= 2 * stubs + MAX_ARCHIVE_SOURCE + MAX_SOURCE, (sum(read), stubs)
+    unread = {c.module for c in found.cut if c.student == "ada"}
+    assert len(unread & set(extra)) >= len(extra) - MAX_ARCHIVE_SOURCE // MAX_SOURCE, found.cut
+    assert Cut("ada", WHOLE) in found.cut and not any(c.student == "bea" for c in found.cut)
+
+
 def test_what_python_ignores_hides_no_copy(tmp_path):
     """Red team (ninth session, round 9): a comment holding ``\\x1c`` or ``\\u2028`` (a line end to
     ``str.splitlines``, not to Python) then ``\\\"\"\"``, or a string constant closed on a line that
