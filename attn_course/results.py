@@ -118,16 +118,16 @@ def latest_by_student(results: list[ArchiveResult]) -> dict[str, ArchiveResult]:
         if r.student_id and not r.rejected and r.submission:
             key = (r.student_id, r.submission)
             first[key] = min(first.get(key, r.received), r.received)
-    best: dict[str, ArchiveResult] = {}
+    best: dict[str, tuple[tuple, ArchiveResult]] = {}
     for r in results:
         if not r.student_id or r.rejected:
             continue
         came = first.get((r.student_id, r.submission), r.received) if r.submission else r.received
+        key = (came, came == r.received, r.archive)  # (of the same submission, the copy that came first)
         if came != r.received:
             r = replace(r, received=came)
-        key = (r.received, r.archive)
-        if r.student_id not in best or key > (best[r.student_id].received, best[r.student_id].archive):
-            best[r.student_id] = r
-    return best
+        if r.student_id not in best or key > best[r.student_id][0]:
+            best[r.student_id] = (key, r)
+    return {sid: r for sid, (_, r) in best.items()}
 
 

@@ -408,7 +408,7 @@ def test_a_copy_of_a_students_archive_handed_in_later_changes_nothing(tmp_path):
     draft_again = res("bob-copy-of-draft.zip", 950.0, "d" * 64, 1.0)
     assert latest_by_student([draft, final])["alice"].archive == "final.zip"
     best = latest_by_student([draft, final, final_again])["alice"]
-    assert best.received == 200.0 and best.total == 3.0  # not late
+    assert best.received == 200.0 and best.total == 3.0 and best.archive == "final.zip"  # not late
     best = latest_by_student([draft, final, draft_again])["alice"]
     assert best.archive == "final.zip" and best.received == 200.0  # the draft does not come back
     # a new submission of hers (another digest) still counts from when it came
