@@ -268,6 +268,9 @@ def parse_manifest(raw: bytes, assignment: str = ASSIGNMENT) -> dict:
     for item in manifest.get("exercises", []):
         if type(item) is not str or len(item) > 32:
             raise Rejected("manifest: 'exercises' must be a list of exercise ids")
+    if "seal" in manifest and not SHA256_HEX.fullmatch(manifest["seal"]):
+        # (red team, round 13: a seal of lone surrogates failed the grader on the archive, run after run)
+        raise Rejected(f"manifest: 'seal' must be 64 lower-case hex digits, not {_show(manifest['seal'], 40)}")
     return manifest
 
 

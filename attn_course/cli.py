@@ -48,9 +48,11 @@ def cmd_workspace(args) -> int:
         ws = workspace.find(Path(args.dir) if args.dir else None)
         old = workspace.meta(ws).get("token")
         token = workspace.set_token(ws, args.set_token)
-        print(f"Stored token {token} in {ws / 'course.json'}; your next submission carries it.")
+        # (shown masked: printed in full in a notebook's output, it went into the archive: red team, round 13)
+        print(f"Stored token {_masked(token)} in {ws / 'course.json'}; your next submissions are sealed with it.")
         if isinstance(old, str) and old and old != token:  # a mistyped new token must not lose the old one
-            print(f"It replaces the token {terminal(old, 80)} (set that one again if the new one is a typo).")
+            print(f"It replaces the token {terminal(_masked(old), 80)} (its full form is in your instructor's "
+                  "list; set it again if the new one is a typo).")
         return 0
     if not args.dir or not args.student:
         raise workspace.WorkspaceError("a new workspace needs DIR and --student ID "
@@ -209,10 +211,19 @@ def cmd_token(args) -> int:
 
     if not valid_student_id(args.student):
         raise IdentityError(f"invalid student id {ascii(args.student):.80}")  # (a look-alike letter shown as such)
-    if args.roster and args.student not in load_roster(Path(args.roster)):
-        raise IdentityError(f"{args.student} is not on the roster {args.roster}")
+    generation = args.generation
+    if args.roster:
+        roster = load_roster(Path(args.roster))
+        if args.student not in roster:
+            raise IdentityError(f"{args.student} is not on the roster {args.roster}")
+        if generation is None:
+            generation = roster.generation(args.student)
+        elif generation != roster.generation(args.student):
+            raise IdentityError(f"the roster {args.roster} gives {args.student} token generation "
+                                f"{roster.generation(args.student)}, not {generation}: set its token_generation "
+                                "column first (the grader checks archives against the roster's)")
     secret = course_secret(allow_ci=args.ci_secret)
-    print(token_for(args.student, secret))
+    print(token_for(args.student, secret, generation or 0))
     if secret == CI_SECRET:
         print("attn-course: warning: this token uses the public CI secret; anyone can forge it.", file=sys.stderr)
     return 0
@@ -236,6 +247,12 @@ def _named(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty: name a file or folder (is a shell variable unset?)")
     return text
+
+
+def _masked(token: str) -> str:
+    """A token as the terminal shows it: its first group only (``ABCDE-*****-*****-*****``)."""
+    head, _, rest = token.partition("-")
+    return head + "".join("-" + "*" * len(group) for group in rest.split("-")) if rest else token[:5] + "***"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,9 +358,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: forgeable)")
     ro.set_defaults(func=cmd_roster)
     t = sub.add_parser("token", help="(instructors) re-issue one student's token",
-                       description="Print the token of student ID (the same token `roster` issued).")
+                       description="Print the token of student ID (the same token `roster` issued). A token "
+                                   "others have seen is replaced by a new generation's: put the number in the "
+                                   "roster's token_generation column (blank is 0) and grade with that roster.")
     t.add_argument("student", metavar="ID", help="the student id, as on the roster")
-    t.add_argument("--roster", type=_named, help="refuse an ID that is not on this roster")
+    t.add_argument("--roster", type=_named, help="refuse an ID that is not on this roster (and use its token_generation)")
+    t.add_argument("--generation", type=int, default=None, metavar="N",
+                   help="the token of generation N (0 is the first; default: the roster's, else 0)")
     t.add_argument("--ci-secret", action="store_true",
                    help="use the public CI secret when ATTN_COURSE_SECRET is unset (tests only: forgeable)")
     t.set_defaults(func=cmd_token)

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from . import EXERCISES, RELEASE_LIBRARY
 from .archive import Rejected, overlay, read_submission, sha256_file
-from .identity import secret_fingerprint, submission_digest
+from .identity import IdentityVerdict, sealed_time, secret_fingerprint, submission_digest
 from .interrupt import Interrupts
 from .outputs import beside, is_beside_name
 from .registry import Exercise, secret, select
@@ -331,7 +331,13 @@ class Grader:
         ``--trust-manifest-ids``) is not done, so a forged or unlisted archive is checked again.
         (Once per grader: a roster of thousands, sorted and hashed for each archive, cost seconds.)"""
         roster = sorted(self.roster.ids) if self.roster is not None else None
-        return hashlib.sha256(json.dumps([self.require_token, roster]).encode()).hexdigest()[:16]
+        # (and each student's token generation: a token re-issued checks the student's archives
+        # again, the old token's refused)
+        generations = sorted((s, self.roster.generation(s)) for s in self.roster.ids
+                             if self.roster.generation(s)) if self.roster is not None else []
+        # ("sealed": archives are sealed with the token, never carry it; a folder graded when a plain
+        # token was accepted is checked again: red team, round 13)
+        return hashlib.sha256(json.dumps([self.require_token, roster, "sealed", generations]).encode()).hexdigest()[:16]
 
     def _identify(self, sub, result: ArchiveResult) -> None:
         if not self.require_token and self.roster is None:
@@ -458,8 +464,10 @@ class Grader:
             result.student_id = sub.student_id
             result.submission = submission_digest(sub.manifest)
             self._identify(sub, result)
+            if result.identity == "ok" and self.require_token:  # (its seal verified: the time is its student's)
+                result.sealed_at = sealed_time(sub.manifest)
             if result.identity != "ok":
-                result.rejected = f"identity: {result.identity}"
+                result.rejected = f"identity: {result.identity}: {IdentityVerdict(result.identity).reason}"
                 return result
             budget = Budget(t0 + self.limits.per_archive_s)
             files = overlay(sub, self.release)

@@ -100,22 +100,33 @@ def secret_fingerprint(secret: str) -> str:
     return hashlib.sha256(b"attn-course secret fingerprint v1\x00" + secret.encode()).hexdigest()[:16]
 
 
-def _digest(student_id: str, secret: str) -> str:
-    mac = hmac.new(secret.encode(), _TOKEN_MESSAGE + student_id.encode(), hashlib.sha256).digest()
+MAX_GENERATION = 999
+"""Highest token generation (:func:`token_for`): a student's token re-issued that many times."""
+
+
+def _digest(student_id: str, secret: str, generation: int = 0) -> str:
+    message = _TOKEN_MESSAGE + student_id.encode() + (b"\x00%d" % generation if generation else b"")
+    mac = hmac.new(secret.encode(), message, hashlib.sha256).digest()
     return base64.b32encode(mac).decode()[:TOKEN_CHARS]
 
 
-def token_for(student_id: str, secret: str) -> str:
+def token_for(student_id: str, secret: str, generation: int = 0) -> str:
     """The token of ``student_id``: HMAC-SHA256(secret, id), 20 base32 characters in groups of 5.
 
     For example ``ABCDE-FGHIJ-KLMNO-PQRST``.  Deterministic: re-issuing a
-    lost token gives the same one.
+    lost token gives the same one.  ``generation``: a token that was seen by
+    others (an archive of an older ``attn-course`` carried it in plain text)
+    is replaced by the next generation's, ``HMAC(secret, id, generation)``,
+    which the roster's ``token_generation`` column names for that student:
+    the old one then seals nothing the grader accepts (red team, round 13).
     """
     if not valid_student_id(student_id):
         raise IdentityError(f"invalid student id {student_id!r:.80}")
     if not isinstance(secret, str) or not secret:
         raise SecretMissing("the course secret is empty")
-    raw = _digest(student_id, secret)
+    if type(generation) is not int or not 0 <= generation <= MAX_GENERATION:
+        raise IdentityError(f"a token generation is a whole number from 0 to {MAX_GENERATION}, not {generation!r:.40}")
+    raw = _digest(student_id, secret, generation)
     return "-".join(raw[i:i + _GROUP] for i in range(0, TOKEN_CHARS, _GROUP))
 
 
@@ -145,7 +156,7 @@ def format_token(token: str) -> str:
     return "-".join(raw[i:i + _GROUP] for i in range(0, TOKEN_CHARS, _GROUP))
 
 
-def verify_token(student_id: object, token: object, secret: str) -> bool:
+def verify_token(student_id: object, token: object, secret: str, generation: int = 0) -> bool:
     """Whether ``token`` is the token of ``student_id`` under ``secret`` (constant-time compare).
 
     Tolerant of case, dashes and spaces; ``False`` (never an exception) for
@@ -154,12 +165,13 @@ def verify_token(student_id: object, token: object, secret: str) -> bool:
     raw = normalize_token(token)
     if raw is None or not valid_student_id(student_id) or not isinstance(secret, str) or not secret:
         return False
-    return hmac.compare_digest(raw.encode(), _digest(student_id, secret).encode())
+    return hmac.compare_digest(raw.encode(), _digest(student_id, secret, generation).encode())
 
 
 SEAL_CHARS = 64
 """Characters of an archive's seal: the 256-bit HMAC in hex."""
 _SEAL_MESSAGE = b"attn-course archive seal v1\x00"
+_HEX = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def sealed_text(manifest: dict) -> bytes:
@@ -181,18 +193,35 @@ def seal_for(token: str, manifest: dict) -> str:
     return hmac.new(raw.encode(), _SEAL_MESSAGE + sealed_text(manifest), hashlib.sha256).hexdigest()
 
 
-def verify_seal(manifest: dict, secret: str) -> bool:
+def verify_seal(manifest: dict, secret: str, generation: int = 0) -> bool:
     """Whether ``manifest`` is sealed with the token of its own ``student_id`` under ``secret``
-    (constant-time compare); ``False`` (never an exception) for anything malformed."""
+    (of that ``generation``: :func:`token_for`), by a constant-time compare; ``False`` (never an
+    exception) for anything malformed."""
     seal, student_id = manifest.get("seal"), manifest.get("student_id")
-    if type(seal) is not str or len(seal) != SEAL_CHARS or not valid_student_id(student_id) \
-            or not isinstance(secret, str) or not secret:
-        return False
+    if type(seal) is not str or len(seal) != SEAL_CHARS or not _HEX.fullmatch(seal) \
+            or not valid_student_id(student_id) or not isinstance(secret, str) or not secret:
+        return False  # (lone surrogates in a seal could not be encoded: red team, round 13)
     try:
-        expected = seal_for(_digest(student_id, secret), manifest)
+        expected = seal_for(_digest(student_id, secret, generation), manifest)
     except (IdentityError, TypeError, ValueError):  # (a manifest JSON cannot write: never one parsed)
         return False
     return hmac.compare_digest(seal.encode(), expected.encode())
+
+
+def sealed_time(manifest: dict) -> float | None:
+    """The manifest's ``submitted`` time in seconds since the epoch (UTC where it names no zone),
+    or None where it is not an ISO 8601 time.  Trusted only under a verified seal: then no one but
+    its student wrote it (:func:`attn_course.results.latest_by_student`)."""
+    import datetime as _dt
+
+    text = manifest.get("submitted")
+    try:
+        when = _dt.datetime.fromisoformat(text)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=_dt.timezone.utc)
+        return when.timestamp()
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
 
 
 def submission_digest(manifest: dict) -> str:
@@ -210,10 +239,14 @@ class Roster:
     """Student ids, each valid and unique (also ignoring case)."""
     names: tuple[str, ...] = ()
     """Display names aligned with ``ids`` (``""`` where none), or empty if the roster has none."""
+    generations: tuple[int, ...] = ()
+    """Each student's token generation (:func:`token_for`) aligned with ``ids``, or empty: all 0."""
 
     def __post_init__(self) -> None:
         if self.names and len(self.names) != len(self.ids):
             raise ValueError(f"{len(self.names)} names for {len(self.ids)} ids")
+        if self.generations and len(self.generations) != len(self.ids):
+            raise ValueError(f"{len(self.generations)} token generations for {len(self.ids)} ids")
         object.__setattr__(self, "_index", {s: k for k, s in enumerate(self.ids)})
 
     def __contains__(self, student_id: object) -> bool:
@@ -230,8 +263,15 @@ class Roster:
         k = self._index[student_id]  # type: ignore[attr-defined]
         return self.names[k] if self.names else ""
 
+    def generation(self, student_id: str) -> int:
+        """The token generation of ``student_id`` (0 unless the roster says); ``KeyError`` if not on it."""
+        k = self._index[student_id]  # type: ignore[attr-defined]
+        return self.generations[k] if self.generations else 0
+
 
 _NAME_COLUMNS = ("name", "display_name", "full_name")
+GENERATION_COLUMN = "token_generation"
+"""The roster's optional column of each student's token generation (blank: 0; :func:`token_for`)."""
 MAX_ROSTER_BYTES = 8 * 2**20
 
 
@@ -265,8 +305,10 @@ def load_roster(path: Path | str) -> Roster:
         raise RosterError(f"{path}:1: two 'student_id' columns in the header: keep one")
     id_col = columns.index("student_id")
     name_col = next((columns.index(c) for c in _NAME_COLUMNS if c in columns), None)
+    gen_col = columns.index(GENERATION_COLUMN) if GENERATION_COLUMN in columns else None
     ids: list[str] = []
     names: list[str] = []
+    generations: list[int] = []
     seen: dict[str, int] = {}
     try:
         for row in reader:
@@ -284,11 +326,17 @@ def load_roster(path: Path | str) -> Roster:
             seen[sid.lower()] = line
             ids.append(sid)
             names.append(row[name_col].strip() if name_col is not None and name_col < len(row) else "")
+            gen = row[gen_col].strip() if gen_col is not None and gen_col < len(row) else ""
+            if gen and not (gen.isascii() and gen.isdigit() and int(gen) <= MAX_GENERATION):
+                raise RosterError(f"{path}:{line}: token generation {ascii(gen):.40} of {sid} is not a whole "
+                                  f"number from 0 to {MAX_GENERATION}")
+            generations.append(int(gen) if gen else 0)
     except csv.Error as err:
         raise RosterError(f"{path}:{reader.line_num}: not CSV ({err})") from None
     if not ids:
         raise RosterError(f"{path}: no students (the roster has a header but no ids)")
-    return Roster(tuple(ids), tuple(names) if name_col is not None else ())
+    return Roster(tuple(ids), tuple(names) if name_col is not None else (),
+                  tuple(generations) if any(generations) else ())
 
 
 class IdentityVerdict(enum.Enum):
@@ -323,9 +371,9 @@ _REASONS = {
                                "(set yours with `attn-course workspace --set-token TOKEN` and submit again)",
     IdentityVerdict.MISSING_TOKEN: "the archive has no token (set yours with "
                                    "`attn-course workspace --set-token TOKEN` and submit again)",
-    IdentityVerdict.PLAIN_TOKEN: "the archive carries a token in plain text, not sealed with it (made by an "
-                                 "older attn-course: anyone who saw it could submit as you); update "
-                                 "attn-course and submit again",
+    IdentityVerdict.PLAIN_TOKEN: "the archive carries its token in plain text (an older attn-course made it): "
+                                 "anyone who saw the archive has your token, so ask your instructor for a new "
+                                 "one, update attn-course, set the new token and submit again",
 }
 
 
@@ -373,7 +421,8 @@ def check_archive(manifest: dict, roster: Roster | None, secret: str,
         if manifest.get("token") not in (None, ""):
             return IdentityVerdict.PLAIN_TOKEN if require_token else IdentityVerdict.OK
         return IdentityVerdict.MISSING_TOKEN if require_token else IdentityVerdict.OK
-    if not verify_seal(manifest, secret):
+    generation = roster.generation(student_id) if roster is not None else 0
+    if not verify_seal(manifest, secret, generation):
         return IdentityVerdict.BAD_TOKEN
     return IdentityVerdict.OK
 
@@ -400,7 +449,7 @@ def write_tokens(roster: Roster, secret: str, out: Path | str, *, force: bool = 
             w = csv.writer(f)
             w.writerow(["student_id", "token", "name"] if roster.names else ["student_id", "token"])
             for sid in roster:
-                row = [sid, token_for(sid, secret)]
+                row = [sid, token_for(sid, secret, roster.generation(sid))]
                 if roster.names:
                     row.append(csv_cell(roster.name(sid)))
                 w.writerow(row)

@@ -260,7 +260,7 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
     accepted = Counter(r.student_id for r in results if r.student_id and not r.rejected)
     dup = sorted(s for s, k in accepted.items() if k > 1)
     if dup:
-        lines += ["", "## Students with several archives (the one received last counts)", ""]
+        lines += ["", "## Students with several archives (the one made last counts: sealed by attn-course submit)", ""]
         for sid in dup:
             names = sorted((r.received, r.archive) for r in results if r.student_id == sid and not r.rejected)
             lines.append(f"* {md_inline(sid, 64)}: " + ", ".join(md_inline(a, 120) for _, a in names)

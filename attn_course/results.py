@@ -62,6 +62,7 @@ class ArchiveResult:
     review: list[dict] = field(default_factory=list)  # code to review (attn_course.review.Flag, as dicts)
     review_count: int = 0  # how many flags there were (``review`` keeps the first few)
     submission: str = ""  # which submission it is, however packed (identity.submission_digest; "" if unread)
+    sealed_at: float | None = None  # when attn-course submit sealed it (its seal verified), seconds; else None
     format: int = RESULT_FORMAT
 
     @property
@@ -104,14 +105,20 @@ def own_result(results: Path, archive: Path) -> ArchiveResult | None:
 
 
 def latest_by_student(results: list[ArchiveResult]) -> dict[str, ArchiveResult]:
-    """Each student's accepted archive received last (file time, then name): the stated policy.
+    """Each student's accepted archive that counts: the one made last, then received last.
 
-    A submission received again (the same sealed manifest, in another
-    archive) was received when it first came: its later copies count from
-    then.  So a copy of a student's archive that someone else hands in later
-    neither makes the student late nor puts an earlier draft back in place
-    of their last submission (red team, round 12); the result that counts
-    says when its submission first came (``received``).
+    "Made" is when ``attn-course submit`` sealed it (``sealed_at``: the
+    manifest's time, which no one but its student can change under the
+    seal); an archive without a verified seal (``--trust-manifest-ids``) has
+    none, and the file time alone orders.  A submission received again (the
+    same sealed manifest, in another archive) was received when it first
+    came: the result that counts says so (``received``), and of its copies
+    the first is the one named.  So a copy of a student's archive that
+    someone else hands in later -- one in the folder or not, a draft she
+    shared, an attempt the platform replaced -- neither makes her late nor
+    takes the place of her last submission (red team, rounds 12 and 13: the
+    file time alone, and then the file time of the copies in the folder,
+    let one).
     """
     first: dict[tuple[str, str], float] = {}
     for r in results:
@@ -123,11 +130,10 @@ def latest_by_student(results: list[ArchiveResult]) -> dict[str, ArchiveResult]:
         if not r.student_id or r.rejected:
             continue
         came = first.get((r.student_id, r.submission), r.received) if r.submission else r.received
-        key = (came, came == r.received, r.archive)  # (of the same submission, the copy that came first)
+        made = (0, 0.0) if r.sealed_at is None else (1, r.sealed_at)
+        key = (made, came, came == r.received, r.archive)  # (of the same submission, the copy that came first)
         if came != r.received:
             r = replace(r, received=came)
         if r.student_id not in best or key > best[r.student_id][0]:
             best[r.student_id] = (key, r)
     return {sid: r for sid, (_, r) in best.items()}
-
-

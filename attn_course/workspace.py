@@ -17,8 +17,10 @@ under ``DIR/submissions/``; an existing archive is never overwritten.
 The student's token (issued by the instructor from the roster, see
 :mod:`attn_course.identity`) is kept in ``course.json``: given when the
 workspace is made (``--token``) or later (``attn-course workspace
---set-token TOKEN``), and put into every manifest, where the grader checks
-it against the student id.
+--set-token TOKEN``).  Every manifest is sealed with it (an HMAC of the
+manifest under the token, which the grader checks against the student id);
+the token itself never goes into an archive, and a file that holds it (a
+notebook cell that set it, and printed it) is refused by ``submit``.
 """
 
 from __future__ import annotations
@@ -318,8 +320,10 @@ def submission_files(workspace: Path) -> list[Path]:
 def submit(workspace: Path, out: Path | None = None) -> Path:
     """A new submission archive (zip) with ``manifest.json``; returns its path.
 
-    The manifest carries the workspace's token if it has one (see
-    :func:`set_token`); without one the archive is still made.
+    The manifest is sealed with the workspace's token if it has one (see
+    :func:`set_token`; the token itself is in no file of the archive: one
+    that holds it is refused, red team, round 13); without one the archive
+    is still made.
     """
     ws = Path(workspace)
     info = meta(ws)
@@ -347,6 +351,8 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
     files = submission_files(ws)
     for p in files:
         _check_submittable(ws, p)
+    if info.get("token"):
+        _no_token_in(ws, files, check_token(info["token"]))
     manifest = {
         "format": FORMAT,
         "student_id": student,
@@ -378,6 +384,23 @@ def submit(workspace: Path, out: Path | None = None) -> Path:
         if tmp is not None and tmp.exists():
             tmp.unlink()
     return out
+
+
+def _no_token_in(ws: Path, files: list[Path], token: str) -> None:
+    """Refuse to pack a file that holds the token, however spelt (a notebook cell that ran
+    ``attn-course workspace --set-token`` keeps it in its source and its output): an archive
+    others see would give it away, and with it archives sealed as the student."""
+    raw = token.replace("-", "")
+    spellings = re.compile("[-_ ]?".join(re.escape(raw[i:i + 5]) for i in range(0, len(raw), 5)), re.IGNORECASE)
+    for p in files:
+        try:
+            text = (ws / p).read_bytes().decode("utf-8", "replace")
+        except OSError as err:
+            raise WorkspaceError(f"{p} cannot be read ({os_reason(err)}); nothing was submitted") from None
+        if spellings.search(text):
+            raise WorkspaceError(f"{p.as_posix()!r:.120} holds your token: anyone who sees the archive could "
+                                 "submit as you.  Remove it (in a notebook, the cell and its output) and submit "
+                                 "again (nothing was submitted)")
 
 
 def _check_submittable(ws: Path, path: Path) -> None:

@@ -57,8 +57,8 @@ def test_honest_class(tmp_path):
 
 
 def test_identity_secret_and_receipt_policy(tmp_path):
-    """No secret: refused.  A classmate's id with one's own token: rejected.  Latest received counts.
-    A change of secret is refused (a mistyped secret rejected every archive and emptied the
+    """No secret: refused.  A classmate's id with one's own token: rejected.  The archive made last
+    counts.  A change of secret is refused (a mistyped secret rejected every archive and emptied the
     gradebook) unless --regrade asks to grade again under the new one."""
     subs, out = tmp_path / "submitted", tmp_path / "grading"
     subs.mkdir()
@@ -66,26 +66,30 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     ref = library_files(ROOT)
     env = {k: v for k, v in os.environ.items() if k != "ATTN_COURSE_SECRET"}
     env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    # one worker: two of the four archives are refused before running, and what is tested is who
-    # counts, not running side by side (a second server would cost a start per run)
+    # one worker: most archives are refused before running, and what is tested is who counts, not
+    # running side by side (a second server would cost a start per run)
     cmd = [sys.executable, "-m", "attn_course.cli", "grade", str(subs), "--out", str(out), "--exercises", "3.5",
            "--jobs", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 2 and "ATTN_COURSE_SECRET" in r.stderr and not out.exists()
-    # alice submits twice: the newer manifest time is on the OLDER file (received first)
-    old = build_archive(subs / "alice-2.zip", "alice", ref, token=token_for("alice", SECRET),
-                        submitted="2099-01-01T00:00:00+00:00")
-    new = build_archive(subs / "alice-1.zip", "alice", stub, token=token_for("alice", SECRET),
-                        submitted="2000-01-01T00:00:00+00:00")
-    os.utime(old, (1_700_000_000, 1_700_000_000))
-    os.utime(new, (1_700_000_100, 1_700_000_100))
+    # alice hands in a draft (the stub), then her last archive (the reference's code)
+    draft = build_archive(subs / "alice-1.zip", "alice", stub, token=token_for("alice", SECRET),
+                          submitted="2026-11-20T10:00:00+00:00")
+    last = build_archive(subs / "alice-2.zip", "alice", ref, token=token_for("alice", SECRET),
+                         submitted="2026-11-20T11:00:00+00:00")
+    os.utime(draft, (1_700_000_000, 1_700_000_000))
+    os.utime(last, (1_700_000_100, 1_700_000_100))
     # mallory submits as bob with her own token, and once with no token at all
     build_archive(subs / "mallory.zip", "bob", ref, token=token_for("mallory", SECRET))
     build_archive(subs / "anon.zip", "carol", ref)
-    # ... then hands in, last, a copy of alice's first archive (red team, round 12: it became her
-    # last), and an archive as dave with dave's token in plain text, as an older attn-course wrote it
-    shutil.copyfile(old, subs / "mallory-copy.zip")
+    # ... then hands in, later, a copy of alice's draft and a draft of alice's that alice never handed
+    # in (red team, rounds 12 and 13: each became her last), and an archive as dave with dave's token
+    # in plain text, as an older attn-course wrote it
+    shutil.copyfile(draft, subs / "mallory-copy.zip")
     os.utime(subs / "mallory-copy.zip", (1_700_000_900, 1_700_000_900))
+    unseen = build_archive(subs / "mallory-draft.zip", "alice", stub, token=token_for("alice", SECRET),
+                           submitted="2026-11-20T10:30:00+00:00")
+    os.utime(unseen, (1_700_000_950, 1_700_000_950))
     with zipfile.ZipFile(subs / "dave.zip", "w") as z:
         z.writestr("manifest.json", json.dumps({
             "format": 1, "student_id": "dave", "assignment": ASSIGNMENT, "library_version": "0.1.0",
@@ -98,10 +102,10 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {row["student_id"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
     assert set(rows) == {"alice"}
-    assert rows["alice"]["archive"] == "alice-1.zip" and rows["alice"]["total"] == "0"
+    assert rows["alice"]["archive"] == "alice-2.zip" and rows["alice"]["total"] == "2"
     report = (out / "report.md").read_text()
     assert "several archives" in report and "bad\\_token" in report or "bad_token" in report
-    assert "missing" in report and "plain" in report
+    assert "missing" in report and "plain" in report and "ask your instructor for a new one" in report
     # another secret (a typo, or a secret file's line end): refused, the grading kept as it was
     before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "run.lock"}
     for other in (SECRET + "-rotated", SECRET + "\n", " "):
@@ -114,7 +118,7 @@ def test_identity_secret_and_receipt_policy(tmp_path):
     # ... and graded again under the new one only when asked
     env["ATTN_COURSE_SECRET"] = SECRET + "-rotated"
     r = subprocess.run(cmd + ["--regrade"], capture_output=True, text=True, env=env, timeout=900)
-    assert "0 already graded, 6 to grade" in r.stdout, r.stdout[-2000:]
+    assert "0 already graded, 7 to grade" in r.stdout, r.stdout[-2000:]
 
 
 def test_ctrl_c_stops_within_seconds_and_keeps_finished_results(tmp_path):

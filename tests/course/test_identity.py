@@ -393,6 +393,55 @@ def test_an_archive_a_classmate_has_seen_seals_nothing_else(tmp_path):
     assert identity.verify_seal(dict(reversed(list(seen.manifest.items()))), SECRET)
 
 
+def test_a_token_others_have_seen_is_replaced_by_its_next_generation(tmp_path, capsys, monkeypatch):
+    """Red team, round 13: tokens never changed, so one an older attn-course's archive carried in
+    plain text sealed archives as its student for good.  The roster's token_generation column
+    names the student's current token; the old one's seal is then refused."""
+    from attn_course.archive import build_archive
+
+    roster_csv = tmp_path / "roster.csv"
+    roster_csv.write_text("student_id,name,token_generation\nalice,Alice,1\nbob,Bob,\n")
+    roster = load_roster(roster_csv)
+    assert (roster.generation("alice"), roster.generation("bob")) == (1, 0)
+    old, new = token_for("alice", SECRET), token_for("alice", SECRET, 1)
+    assert old != new and token_for("alice", SECRET, 0) == old and token_for("alice", SECRET, 2) not in (old, new)
+    files = {"attn_tensors/__init__.py": b""}
+    seen = read_submission(build_archive(tmp_path / "old.zip", "alice", files, token=old))
+    fresh = read_submission(build_archive(tmp_path / "new.zip", "alice", files, token=new))
+    assert identity.check_archive(seen.manifest, roster, SECRET) is IdentityVerdict.BAD_TOKEN
+    assert identity.check_archive(fresh.manifest, roster, SECRET) is IdentityVerdict.OK
+    assert identity.check_archive(seen.manifest, Roster(("alice",)), SECRET) is IdentityVerdict.OK  # (generation 0)
+    # the instructor's commands: the roster's generation, or one given that agrees with it
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    capsys.readouterr()
+    assert cli.main(["token", "alice", "--roster", str(roster_csv)]) == 0
+    assert capsys.readouterr().out.strip() == new
+    assert cli.main(["token", "alice", "--generation", "1"]) == 0 and capsys.readouterr().out.strip() == new
+    assert cli.main(["token", "alice", "--roster", str(roster_csv), "--generation", "2"]) == 2
+    assert "token_generation" in capsys.readouterr().err
+    assert cli.main(["roster", str(roster_csv), "--out", str(tmp_path / "tokens.csv")]) == 0
+    assert {r[0]: r[1] for r in _csv_rows(tmp_path / "tokens.csv")[1:]} == {"alice": new, "bob": token_for("bob", SECRET)}
+    for bad in ("-1", "x", "1000", "\u0661"):
+        roster_csv.write_text(f"student_id,token_generation\nalice,{bad}\n")
+        with pytest.raises(RosterError, match="token generation"):
+            load_roster(roster_csv)
+
+
+def test_a_seal_that_is_not_hex_is_refused_as_it_is_read(tmp_path):
+    """Red team, round 13: a seal of 64 lone surrogates passed the schema and failed the grader on
+    the archive (retried on every run, every run's exit status 1)."""
+    from attn_course.archive import Rejected, parse_manifest
+
+    manifest = {"format": 1, "student_id": "alice", "assignment": workspace.ASSIGNMENT, "library_version": "0.1.0",
+                "submitted": "2026-11-21T00:00:00+00:00", "files": {}}
+    for seal in ("\ud800" * 64, "G" * 64, "A" * 64, "a" * 63 + "\n"):
+        raw = json.dumps({**manifest, "seal": seal}).encode()
+        with pytest.raises(Rejected, match="'seal' must be 64 lower-case hex digits"):
+            parse_manifest(raw)
+        assert not identity.verify_seal({**manifest, "seal": seal}, SECRET)
+    assert parse_manifest(json.dumps({**manifest, "seal": "a" * 64}).encode())["seal"] == "a" * 64
+
+
 def test_a_copy_of_a_students_archive_handed_in_later_changes_nothing(tmp_path):
     """Red team, round 12: Bob hands in, later, an exact copy of Alice's last archive (she became
     a day late) or of her earlier draft (it became her last).  A submission received again counts
@@ -416,6 +465,36 @@ def test_a_copy_of_a_students_archive_handed_in_later_changes_nothing(tmp_path):
     assert latest_by_student([draft, final, draft_again, later])["alice"].archive == "final2.zip"
     # results written before the digest existed: the file time, as before
     assert latest_by_student([res("a.zip", 5.0, "", 1.0), res("b.zip", 7.0, "", 2.0)])["alice"].archive == "b.zip"
+
+
+def test_the_archive_made_last_counts_whoever_hands_in_a_copy_and_when():
+    """Red team, round 13: a sealed draft of Alice's that was never handed in (shared, left on a lab
+    machine, replaced on the platform), handed in later by Bob, was the last received, so it
+    counted, late; and copies with the same file time were ordered by their names, Bob's choice.
+    The time the seal covers orders a student's archives; the file time only breaks ties."""
+    from attn_course.results import ArchiveResult, latest_by_student
+
+    def res(name, received, sealed_at, total, submission=""):
+        return ArchiveResult(name, "", "", ["3.1"], received=received, student_id="alice", identity="ok",
+                             scores={"3.1": total}, submission=submission or name, sealed_at=sealed_at)
+
+    final = res("final.zip", 200.0, 2_000.0, 3.0)
+    unseen_draft = res("zz-bob.zip", 900.0, 1_500.0, 0.0)
+    assert latest_by_student([final, unseen_draft])["alice"].archive == "final.zip"
+    same_time = res("zz-bob-copy.zip", 200.0, 1_000.0, 0.0)
+    assert latest_by_student([final, same_time])["alice"].archive == "final.zip"
+    # a later archive of hers counts, whenever it came
+    assert latest_by_student([final, unseen_draft, res("again.zip", 950.0, 2_500.0, 2.0)])["alice"].total == 2.0
+    # with no verified seal (--trust-manifest-ids), the file time alone, as before
+    a, b = res("a.zip", 5.0, None, 1.0), res("b.zip", 7.0, None, 2.0)
+    assert latest_by_student([a, b])["alice"].archive == "b.zip"
+    import datetime
+
+    eleven = datetime.datetime(2026, 11, 20, 11, tzinfo=datetime.timezone.utc).timestamp()
+    assert identity.sealed_time({"submitted": "2026-11-20T11:00:00+00:00"}) == eleven
+    assert identity.sealed_time({"submitted": "2026-11-20T12:00:00+01:00"}) == eleven
+    assert identity.sealed_time({"submitted": "2026-11-20T11:00:00"}) == eleven  # (no zone: UTC)
+    assert identity.sealed_time({"submitted": "yesterday"}) is None and identity.sealed_time({}) is None
 
 
 def test_student_id_pattern_refuses_a_trailing_newline():

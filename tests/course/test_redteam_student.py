@@ -89,7 +89,32 @@ def test_set_token_twice_names_the_token_it_replaces(ws, capsys):
     assert cli.main(["workspace", str(ws), "--set-token", TOKEN_B]) == 0
     out = capsys.readouterr().out
     assert json.loads((ws / "course.json").read_text())["token"] == TOKEN_B
-    assert f"replaces the token {TOKEN_A}" in out
+    assert f"replaces the token {TOKEN_A[:5]}-*****-*****-*****" in out
+    # (masked: a notebook cell that set it kept it in its output, and the archive gave it away)
+    assert TOKEN_A not in out and TOKEN_B not in out
+
+
+@pytest.mark.parametrize("spelt", ["{t}", "{t_lower}", "{t_plain}", "{t_spaced}"])
+def test_submit_refuses_a_file_that_holds_the_token(ws, capsys, spelt):
+    """Red team, round 13: a notebook cell that ran ``attn-course workspace --set-token T`` kept the
+    token in its source and its output, and submit packed it: anyone who saw the archive could seal
+    archives as the student.  Such a file is refused, however the token is spelt."""
+    assert cli.main(["workspace", str(ws), "--set-token", TOKEN_A]) == 0
+    raw = TOKEN_A.replace("-", "")
+    text = spelt.format(t=TOKEN_A, t_lower=TOKEN_A.lower(), t_plain=raw,
+                        t_spaced=" ".join(raw[i:i + 5] for i in range(0, 20, 5)))
+    nb = ws / "notebooks" / "ch03.ipynb"
+    data = json.loads(nb.read_text())
+    data["cells"].append({"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": [],
+                          "source": f"!attn-course workspace --set-token {text}"})
+    nb.write_text(json.dumps(data))
+    capsys.readouterr()
+    before = sorted((ws / "submissions").glob("*.zip")) if (ws / "submissions").exists() else []
+    assert cli.main(["submit", "--workspace", str(ws)]) == 2
+    err = capsys.readouterr().err
+    assert "notebooks/ch03.ipynb" in err and "holds your token" in err and TOKEN_A not in err
+    after = sorted((ws / "submissions").glob("*.zip")) if (ws / "submissions").exists() else []
+    assert after == before
 
 
 # -- submit ------------------------------------------------------------------------------
