@@ -340,7 +340,7 @@ def load_roster(path: Path | str) -> Roster:
 
 
 class IdentityVerdict(enum.Enum):
-    """The grader's verdict on who submitted an archive (:func:`check_identity`)."""
+    """The grader's verdict on who submitted an archive (:func:`check_archive`)."""
 
     OK = "ok"
     """The id is on the roster (if any) and the token, where required or given, is its own."""
@@ -377,35 +377,11 @@ _REASONS = {
 }
 
 
-def check_identity(manifest_student_id: object, token: object, roster: Roster | None, secret: str,
-                   *, require_token: bool | None = None) -> IdentityVerdict:
-    """Whether an archive's self-declared id can be trusted.
-
-    Rules, in order: an id not on ``roster`` is ``UNKNOWN_STUDENT`` (an
-    invalid id is never on it); no token (``None`` or ``""``) is
-    ``MISSING_TOKEN`` when ``require_token`` (default: when there is a
-    roster) and ``OK`` otherwise; a token that does not verify under
-    ``secret`` is ``BAD_TOKEN``, with or without a roster.
-    """
-    if require_token is None:
-        require_token = roster is not None
-    if roster is not None and manifest_student_id not in roster:
-        return IdentityVerdict.UNKNOWN_STUDENT
-    if not valid_student_id(manifest_student_id):
-        return IdentityVerdict.UNKNOWN_STUDENT
-    if token is None or token == "":
-        return IdentityVerdict.MISSING_TOKEN if require_token else IdentityVerdict.OK
-    if not verify_token(manifest_student_id, token, secret):
-        return IdentityVerdict.BAD_TOKEN
-    return IdentityVerdict.OK
-
-
 def check_archive(manifest: dict, roster: Roster | None, secret: str,
                   *, require_token: bool | None = None) -> IdentityVerdict:
     """Whether an archive's manifest can be trusted to say who submitted it.
 
-    As :func:`check_identity`, with the archive's seal in place of a token:
-    an id not on ``roster`` is ``UNKNOWN_STUDENT``; no seal is ``PLAIN_TOKEN``
+    Rules, in order: an id not on ``roster`` (or not a valid id) is ``UNKNOWN_STUDENT``; no seal is ``PLAIN_TOKEN``
     where the manifest has a token instead, else ``MISSING_TOKEN`` when
     ``require_token`` (default: when there is a roster) and ``OK`` otherwise; a
     seal that is not the one of the manifest's own id, files and time is ``BAD_TOKEN``.

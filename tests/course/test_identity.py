@@ -22,7 +22,7 @@ import pytest
 from attn_course import cli, identity, workspace
 from attn_course.archive import read_submission
 from attn_course.identity import (CI_SECRET, IdentityError, IdentityVerdict, Roster, RosterError, SecretMissing,
-                                  check_identity, course_secret, load_roster, token_for, verify_token)
+                                  check_archive, course_secret, load_roster, token_for, verify_token)
 
 SECRET = "course-secret-for-tests"
 TOKEN_FORM = re.compile(r"[A-Z2-7]{5}(-[A-Z2-7]{5}){3}")
@@ -77,9 +77,8 @@ def test_verify_token_tolerates_what_a_student_types():
                                    "A" * 10_000, "AAAAA-AAAAA-AAAAA-AAAAA\n" * 3])
 def test_malformed_tokens_are_refused_without_an_exception(token):
     assert verify_token("s1", token, SECRET) is False
-    assert check_identity("s1", token, None, SECRET) in (IdentityVerdict.BAD_TOKEN, IdentityVerdict.OK)
-    if token:
-        assert check_identity("s1", token, None, SECRET) is IdentityVerdict.BAD_TOKEN
+    with pytest.raises(IdentityError):
+        identity.seal_for(token, {"student_id": "s1"})
 
 
 @pytest.mark.parametrize("sid", ["s1\n", "", "../x", "-s1", "a" * 65, "s 1", "s1\x00", "é1", None, ["s1"], 7])
@@ -171,25 +170,33 @@ def test_unreadable_rosters_are_clear_errors(tmp_path):
 
 # -- verdicts ------------------------------------------------------------------------------
 
-def test_check_identity_verdicts():
+def test_check_archive_verdicts():
+    from attn_course.archive import build_archive, read_submission
+
     roster = Roster(("alice", "bob"))
     alice, bob = token_for("alice", SECRET), token_for("bob", SECRET)
     V = IdentityVerdict
-    assert check_identity("alice", alice, roster, SECRET) is V.OK
-    assert check_identity("alice", alice.lower().replace("-", ""), roster, SECRET) is V.OK
-    assert check_identity("alice", bob, roster, SECRET) is V.BAD_TOKEN  # submitting as a classmate
-    assert check_identity("alice", None, roster, SECRET) is V.MISSING_TOKEN
-    assert check_identity("alice", "", roster, SECRET) is V.MISSING_TOKEN
-    assert check_identity("carol", token_for("carol", SECRET), roster, SECRET) is V.UNKNOWN_STUDENT
-    assert check_identity("alice\n", alice, roster, SECRET) is V.UNKNOWN_STUDENT
-    assert check_identity(["alice"], alice, roster, SECRET) is V.UNKNOWN_STUDENT
-    assert check_identity("alice", alice, roster, "another-secret") is V.BAD_TOKEN
-    # without a roster: a token is checked when present, and needed only when asked for
-    assert check_identity("carol", None, None, SECRET) is V.OK
-    assert check_identity("carol", bob, None, SECRET) is V.BAD_TOKEN
-    assert check_identity("carol", None, None, SECRET, require_token=True) is V.MISSING_TOKEN
-    assert check_identity("alice", None, roster, SECRET, require_token=False) is V.OK
-    assert check_identity("alice\n", None, None, SECRET) is V.UNKNOWN_STUDENT
+
+    def sealed(sid, token):
+        m = {"format": 1, "student_id": sid, "assignment": "a", "submitted": "t", "files": {}}
+        return {**m, "seal": identity.seal_for(token, m)} if token is not None else m
+
+    assert check_archive(sealed("alice", alice), roster, SECRET) is V.OK
+    assert check_archive(sealed("alice", alice.lower().replace("-", "")), roster, SECRET) is V.OK
+    assert check_archive(sealed("alice", bob), roster, SECRET) is V.BAD_TOKEN  # submitting as a classmate
+    assert check_archive(sealed("alice", None), roster, SECRET) is V.MISSING_TOKEN
+    assert check_archive({**sealed("alice", None), "seal": ""}, roster, SECRET) is V.MISSING_TOKEN
+    assert check_archive({**sealed("alice", None), "token": alice}, roster, SECRET) is V.PLAIN_TOKEN
+    assert check_archive(sealed("carol", token_for("carol", SECRET)), roster, SECRET) is V.UNKNOWN_STUDENT
+    assert check_archive({**sealed("alice", alice), "student_id": "alice\n"}, roster, SECRET) is V.UNKNOWN_STUDENT
+    assert check_archive({**sealed("alice", alice), "student_id": ["alice"]}, roster, SECRET) is V.UNKNOWN_STUDENT
+    assert check_archive(sealed("alice", alice), roster, "another-secret") is V.BAD_TOKEN
+    # without a roster: a seal is checked when present, and needed only when asked for
+    assert check_archive(sealed("carol", None), None, SECRET) is V.OK
+    assert check_archive(sealed("carol", bob), None, SECRET) is V.BAD_TOKEN
+    assert check_archive(sealed("carol", None), None, SECRET, require_token=True) is V.MISSING_TOKEN
+    assert check_archive(sealed("alice", None), roster, SECRET, require_token=False) is V.OK
+    assert check_archive({"student_id": "alice\n"}, None, SECRET) is V.UNKNOWN_STUDENT
 
 
 def test_verdict_reasons_are_fixed_text():
