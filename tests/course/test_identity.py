@@ -171,8 +171,6 @@ def test_unreadable_rosters_are_clear_errors(tmp_path):
 # -- verdicts ------------------------------------------------------------------------------
 
 def test_check_archive_verdicts():
-    from attn_course.archive import build_archive, read_submission
-
     roster = Roster(("alice", "bob"))
     alice, bob = token_for("alice", SECRET), token_for("bob", SECRET)
     V = IdentityVerdict
