@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 from pathlib import Path, PurePosixPath
 
-from .identity import MAX_TOKEN_INPUT, SEAL_CHARS, seal_for, valid_student_id
+from .identity import HEX64, MAX_TOKEN_INPUT, SEAL_CHARS, seal_for, valid_student_id
 from .workspace import ASSIGNMENT, FORMAT
 
 MAX_MEMBERS = 200
@@ -57,7 +57,7 @@ MAX_NAME = 200
 ALLOWED = re.compile(r"attn_tensors/([A-Za-z_][A-Za-z0-9_]*/)*[A-Za-z_][A-Za-z0-9_]*\.py"
                      r"|notebooks/[A-Za-z0-9_.-]+\.ipynb")
 """Paths a member may have besides ``manifest.json`` (use ``fullmatch``)."""
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+SHA256_HEX = HEX64  # (a file's digest, and the seal)
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 
 # The manifest's schema: field -> (type, longest str or list, required).  Types are
@@ -67,7 +67,7 @@ MANIFEST_FIELDS: dict[str, tuple[type, int, bool]] = {
     "student_id": (str, 64, True),
     "assignment": (str, 64, True),
     "library_version": (str, 32, True),
-    "submitted": (str, 40, True),  # informational: the student's clock, never trusted
+    "submitted": (str, 40, True),  # the student's clock: orders their archives only under a verified seal
     "files": (dict, MAX_MEMBERS, True),
     "seal": (str, SEAL_CHARS, False),  # the manifest's HMAC under the student's token (identity.seal_for)
     "token": (str, MAX_TOKEN_INPUT, False),  # (an older attn-course's token in plain text: proves nothing)

@@ -156,28 +156,21 @@ def format_token(token: str) -> str:
     return "-".join(raw[i:i + _GROUP] for i in range(0, TOKEN_CHARS, _GROUP))
 
 
-def verify_token(student_id: object, token: object, secret: str, generation: int = 0) -> bool:
-    """Whether ``token`` is the token of ``student_id`` under ``secret`` (constant-time compare).
-
-    Tolerant of case, dashes and spaces; ``False`` (never an exception) for
-    any id or token that is not a well-formed string.
-    """
-    raw = normalize_token(token)
-    if raw is None or not valid_student_id(student_id) or not isinstance(secret, str) or not secret:
-        return False
-    return hmac.compare_digest(raw.encode(), _digest(student_id, secret, generation).encode())
-
-
 SEAL_CHARS = 64
 """Characters of an archive's seal: the 256-bit HMAC in hex."""
 _SEAL_MESSAGE = b"attn-course archive seal v1\x00"
-_HEX = re.compile(r"[0-9a-f]{64}\Z")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+"""A SHA-256 or a seal as a manifest writes it: 64 lower-case hex digits (use ``fullmatch``)."""
+
+
+def _canonical(obj: dict) -> bytes:
+    """``obj`` as canonical JSON: keys sorted, no spaces, ASCII (a parsed manifest has one such text)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def sealed_text(manifest: dict) -> bytes:
-    """What a seal covers: the manifest without its seal, as canonical JSON (keys sorted, ASCII)."""
-    body = {k: v for k, v in manifest.items() if k != "seal"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    """What a seal covers: the manifest without its seal, as canonical JSON."""
+    return _canonical({k: v for k, v in manifest.items() if k != "seal"})
 
 
 def seal_for(token: str, manifest: dict) -> str:
@@ -198,7 +191,7 @@ def verify_seal(manifest: dict, secret: str, generation: int = 0) -> bool:
     (of that ``generation``: :func:`token_for`), by a constant-time compare; ``False`` (never an
     exception) for anything malformed."""
     seal, student_id = manifest.get("seal"), manifest.get("student_id")
-    if type(seal) is not str or len(seal) != SEAL_CHARS or not _HEX.fullmatch(seal) \
+    if type(seal) is not str or not HEX64.fullmatch(seal) \
             or not valid_student_id(student_id) or not isinstance(secret, str) or not secret:
         return False  # (lone surrogates in a seal could not be encoded: red team, round 13)
     try:
@@ -227,8 +220,7 @@ def sealed_time(manifest: dict) -> float | None:
 def submission_digest(manifest: dict) -> str:
     """One submission, however it was packed again: the SHA-256 of its manifest's text, seal included
     (two archives with the same are the same files, id and time, sealed alike)."""
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=True).encode()).hexdigest()
+    return hashlib.sha256(_canonical(manifest)).hexdigest()
 
 
 @dataclass(frozen=True)
