@@ -38,6 +38,7 @@ import io
 import re
 import tokenize
 import unicodedata
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
@@ -328,11 +329,8 @@ def kept(flags: list[Flag], counts: Mapping[str, int] | None = None, limit: int 
     twenty ``getattr`` lines in a module read first, and its ``import ctypes`` was in no report)."""
     if len(flags) <= limit:
         return list(flags)
-    by_rule: dict[str, int] = dict(counts or {})  # (how many each rule had, kept or not)
-    if not by_rule:
-        for f in flags:
-            by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
-    firsts = {}
+    by_rule = dict(counts) if counts else Counter(f.rule for f in flags)  # (how many each rule had, kept or not)
+    firsts: dict[str, int] = {}
     for i, f in enumerate(flags):
         firsts.setdefault(f.rule, i)
     chosen = set(sorted(firsts.values(), key=lambda i: (by_rule[flags[i].rule], i))[:limit])
