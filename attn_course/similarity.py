@@ -135,6 +135,7 @@ class OwnCode:
 
     text: str
     cut: bool  # more than the caps allow: only the first part is in ``text``
+    read: int = 0  # characters read past the stub's length (what the archive's budget is charged)
 
 
 @dataclass
@@ -233,7 +234,8 @@ def own_code(source: str, stub: str, limit: int = MAX_SOURCE) -> OwnCode:
         if tag in ("replace", "insert"):
             out += b[j1:j2]
     text = "\n".join(out)
-    return OwnCode(text[:MAX_CODE], len(read) < len(source) or len(lines) > len(b) or len(text) > MAX_CODE)
+    return OwnCode(text[:MAX_CODE], len(read) < len(source) or len(lines) > len(b) or len(text) > MAX_CODE,
+                   max(0, len(read) - len(stub)))
 
 
 def student_code(source: str, stub: str) -> str:
@@ -327,7 +329,7 @@ def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: P
 
         def read(source: str, stub: str) -> OwnCode:
             code = own_code(source, stub, left[0])
-            left[0] -= max(0, min(len(source), len(stub) + MAX_SOURCE) - len(stub))
+            left[0] -= code.read
             return code
 
         own: dict[str, OwnCode] = {m: read(sub.files[m].decode("utf-8", "replace"), stub)
