@@ -76,6 +76,11 @@ from .workspace import ASSIGNMENT
 
 
 BACKEND_CHOICES = ("jax", "mlx", "both")
+# an exercise whose hidden cases end so is not run again on the public ones: the public cases would
+# end the same way, or tell nothing (a stub; another exercise's stub; the time limit, waited for
+# again; the archive's budget, spent; code it does not own changed, which the public job would change
+# again: "tampered" twice, at the cost of a second job of every exercise (such an archive: 1.0 -> 0.5 core-s)
+NOT_RUN_AGAIN = frozenset({Status.NOT_IMPLEMENTED, Status.BLOCKED, Status.TIMEOUT, Status.BUDGET, Status.TAMPERED})
 
 # what a grading folder holds: the grader's files (report, similarity, nbgrader's part) and nothing else
 GRADING_NAMES = frozenset({"results", "feedback", "exports", "similarity", "nbgrader", "gradebook.csv", "grades.csv",
@@ -368,8 +373,7 @@ class Grader:
                                    True, stubbed, self.limits, budget, notebook, diagnose, backend,
                                    start_errors=first, ran=ran)
         failing = [e for e in exercises
-                   if not all(c.passed for c in hidden_res[e.id])
-                   and hidden_res[e.id][0].status.value not in ("not_implemented", "blocked", "timeout", "budget")]
+                   if not all(c.passed for c in hidden_res[e.id]) and hidden_res[e.id][0].status not in NOT_RUN_AGAIN]
         public_res = run_and_grade(server, files, [(e, exp[e.id][0], exp[e.id][1]) for e in failing],
                                    False, stubbed, self.limits, budget, notebook, diagnose,
                                    backend, ran=ran) if failing else {}

@@ -26,7 +26,7 @@ asks for no test whose verdict depends on machine load; this is how that is
 checked (3 busy processes on 2 cores make each test process 2.5 times
 slower, and found a Dask test that saw the worker retired by the test before).
 
-    python benchmarks/bench_suite.py [--workers N] [--top 12] [--save pytest.log] [--record] [--load N]
+    python benchmarks/bench_suite.py [--workers N] [--top 12] [--top-tests 20] [--save pytest.log] [--record] [--load N]
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) + 1,
                     help="pytest-xdist workers (make test's: the cores plus one)")
     ap.add_argument("--top", type=int, default=12, help="how many of the longest test files to list")
+    ap.add_argument("--top-tests", type=int, default=0,
+                    help="also list this many tests that used the most CPU time (their processes' included)")
     ap.add_argument("--save", type=Path, help="write pytest's own output (every test's duration) here")
     ap.add_argument("--record", action="store_true",
                     help="write each file's time to tests/durations.json (the order the suite hands files out in)")
@@ -116,12 +118,19 @@ def main() -> int:
           f" the suite's wall is {wall / mean:.0f} paces" + (f", its CPU {cpu / mean:.0f}" if cpu is not None else ""))
     for f, s in per_file.most_common(a.top):
         print(f"  {s:6.1f} s  {f}")
-    cpu_by_file = _cpu_by_file(by_test)
+    cpu_by_test = _cpu_by_test(by_test)
+    cpu_by_file: collections.Counter = collections.Counter()
+    for nodeid, seconds in cpu_by_test.items():
+        cpu_by_file[nodeid.split("::", 1)[0]] += seconds
     if cpu_by_file:
         print(f"  CPU time by test file, every process its tests started included (cgroups; "
               f"{sum(cpu_by_file.values()):.0f} core-s in all):")
         for f, s in cpu_by_file.most_common(a.top):
             print(f"  {s:6.1f} core-s  {f}")
+    if cpu_by_test and a.top_tests:
+        print("  CPU time by test (a module's fixtures count to the test that started them):")
+        for t, s in cpu_by_test.most_common(a.top_tests):
+            print(f"  {s:6.1f} core-s  {t}")
     if a.record and r.returncode == 0:
         path = ROOT / "tests" / "durations.json"
         path.write_text(json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n")
@@ -135,18 +144,17 @@ def main() -> int:
     return r.returncode
 
 
-def _cpu_by_file(folder: Path) -> collections.Counter:
-    """CPU seconds per test file from each pytest process's file of :class:`_cpu.CpuGroups` (empty
-    where no group could be made); the folder is removed."""
-    per_file: collections.Counter = collections.Counter()
+def _cpu_by_test(folder: Path) -> collections.Counter:
+    """CPU seconds per test (node id) from each pytest process's file of :class:`_cpu.CpuGroups`
+    (empty where no group could be made); the folder is removed."""
+    per_test: collections.Counter = collections.Counter()
     for path in folder.glob("*.json"):
         try:
-            for nodeid, seconds in json.loads(path.read_text()).items():
-                per_file[nodeid.split("::", 1)[0]] += seconds
+            per_test.update(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
     shutil.rmtree(folder, ignore_errors=True)
-    return per_file
+    return per_test
 
 
 if __name__ == "__main__":

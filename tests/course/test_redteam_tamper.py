@@ -443,6 +443,8 @@ def test_tampering_with_the_checks_earns_nothing(tmp_path):
         assert fb["status"] == "tampered", (name, fb)
         assert all(c["status"] == "tampered" and "changed code it does not own" in c["message"]
                    for c in fb["cases"] if c["hidden"]), (name, fb)
+        # and not run again on the public cases, which would have been tampered with the same way
+        assert fb["cases"] and all(c["hidden"] for c in fb["cases"]), (name, fb)
     # the hidden cases' words are fixed: nothing the job chose (which function it changed) is in them
     assert all(c["message"].startswith("not graded") and ":" not in c["message"].split(")", 1)[1]
                for p in (out / "results").glob("tamper-*.json")

@@ -144,11 +144,14 @@ def test_many_flags_of_one_rule_hide_no_other_rule():
 def test_an_archive_of_endless_flagged_lines_is_read_up_to_a_budget(monkeypatch):
     """Red team, round 12: 78 modules of 20,000 lines ``y = id(x)`` made 1.5 million flags, 20 kept,
     and held the grader 50 s.  The archive's code is read up to MAX_READ characters, the rest is
-    said to be unread, and no rule's flags past MAX_FLAGS are made."""
+    said to be unread, and no rule's flags past MAX_FLAGS are made.  (Read with a budget of 64 k
+    characters here: the same reading, 16 times shorter, and a module boundary inside it.)"""
     from attn_course import review
-    from attn_course.review import MAX_READ, UNREAD
+    from attn_course.review import UNREAD
 
-    module = "y = id(x)\n" * 20_000
+    MAX_READ = 1 << 16
+    monkeypatch.setattr(review, "MAX_READ", MAX_READ)
+    module = "y = id(x)\n" * 2_000
     files = {f"attn_tensors/m{k:02d}.py": module for k in range(78)}
     calls = []
     real = review.Flag
@@ -161,7 +164,7 @@ def test_an_archive_of_endless_flagged_lines_is_read_up_to_a_budget(monkeypatch)
     flags, n = review_package(files, {})
     read_lines = MAX_READ // len("y = id(x)\n")
     assert n == read_lines + 1 and len(flags) == MAX_FLAGS
-    assert len(calls) == MAX_FLAGS + 1  # made: the kept ones and the unread's, never the other 52,000
+    assert len(calls) == MAX_FLAGS + 1  # made: the kept ones and the unread's, never the other 6,500
     assert flags[-1].rule == UNREAD and flags[-1].where == f"attn_tensors/m{MAX_READ // len(module):02d}.py"
 
 
