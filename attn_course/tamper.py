@@ -106,9 +106,11 @@ def _no_attribute_added(classes: list[tuple[str, type]]) -> Group:
     return Group(fetch, (_SAME,), ("a class of the watched modules (an attribute added or removed)",))
 
 
-WATCHED_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "attn_course")
+WATCHED_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "attn_course", "mlx")
 """Packages every module of which is watched (found, not listed): what the probes, the worker and
-JAX's tracing, lowering and compiling run.  A red team rebound ``MulOp`` in jaxlib's generated
+JAX's tracing, lowering and compiling run, and MLX, which the probes call on an MLX job (loaded
+by those jobs only, before their package: :func:`attn_course.worker.run_job`; a red team's
+package replaced ``mlx.core.value_and_grad``, and 3.2's nan gradient scored 3/3 on MLX).  A red team rebound ``MulOp`` in jaxlib's generated
 StableHLO module, which JAX's lowering rule for ``mul`` calls through a module global (every rule
 table holding the same objects): ``0 * x`` compiled to 0, 3.2's mistake scored 3/3, nothing
 flagged; the list then named 33 modules of JAX's and a few others.  Not every module loaded:

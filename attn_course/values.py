@@ -18,8 +18,8 @@ import numpy as np
 # the worker's words where a submission's code cannot be imported (the scoring recognises them)
 PACKAGE_DOES_NOT_IMPORT = "the package does not import"
 CANNOT_IMPORT = "cannot import attn_tensors."  # followed by the exercise's module.function
-TAMPERED = ("not graded: the package changed code it does not own (the course's probes, or JAX's or "
-            "NumPy's own functions), which can make a wrong answer look right")
+TAMPERED = ("not graded: the package changed code it does not own (the course's probes, or JAX's, "
+            "NumPy's or MLX's own functions), which can make a wrong answer look right")
 """A ``tampered`` case's words (:mod:`attn_course.tamper`); a check follows them with what changed."""
 
 

@@ -630,7 +630,13 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
     backend = job.get("backend", "jax")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}")
-    base = _BASELINE if _BASELINE is not None else tamper.take()  # before any of the submission runs
+    # MLX is loaded by the jobs that run on it only (never by the server or its template, whose
+    # baseline then has none of it): here, before the package, so that what the probes call of it
+    # is taken with the rest (red team, round 14: mlx.core.value_and_grad replaced, 3.2's nan gradient 3/3)
+    fresh = backend == "mlx" and "mlx.core" not in sys.modules
+    if fresh:
+        import mlx.core  # noqa: F401
+    base = _BASELINE if _BASELINE is not None and not fresh else tamper.take()  # before any of the submission runs
     _HOOKS[0] = (sys.getprofile(), sys.gettrace())
     # what the job's reports are checked and written with, held before any of the submission runs:
     # it may rebind this module's globals (red team: worker.tamper, whose changed() said nothing)

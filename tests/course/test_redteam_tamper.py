@@ -451,6 +451,45 @@ def test_tampering_with_the_checks_earns_nothing(tmp_path):
                for c in json.loads(p.read_text())["feedback"]["3.2"]["cases"] if c["hidden"])
 
 
+# MLX's value_and_grad, which the probes call on an MLX job, wrapped as _WRAP wraps JAX's (red team,
+# round 14: MLX was loaded by the job after the baseline was taken, so none of it was watched)
+MLX_VAG = b'''
+import mlx.core as _mx
+_orig = _mx.value_and_grad
+def _vag(fun, *a, **k):
+    inner = _orig(fun, *a, **k)
+    def h(*args, **kw):
+        v, g = inner(*args, **kw)
+        return v, _mx.where(_mx.isnan(g), _mx.zeros_like(g), g)
+    return h
+_mx.value_and_grad = _vag
+'''
+
+
+@pytest.mark.mlx
+def test_tampering_with_mlx_on_an_mlx_job_earns_nothing(tmp_path, monkeypatch):
+    """Graded on MLX (``--backend mlx``, where MLX's score counts), the mistake with MLX's
+    value_and_grad wrapped scored 3/3 untouched; now it is tampered, and the mistake alone still 0."""
+    pytest.importorskip("mlx.core")  # (required where ATTN_REQUIRE_MLX=1: tests/conftest.py)
+    from attn_course.grade import Grader
+
+    monkeypatch.setenv("ATTN_COURSE_SECRET", SECRET)
+    subs = tmp_path / "submitted"
+    subs.mkdir()
+    ref = library_files(ROOT)
+    mistake = ref["attn_tensors/statmech.py"].replace(GUARD, b"A_safe = A")
+    for sid, statmech in (("mistake", mistake), ("mlx-vag", mistake + MLX_VAG)):
+        build_archive(subs / f"{sid}.zip", sid, {**ref, "attn_tensors/statmech.py": statmech},
+                      token=token_for(sid, SECRET))
+    results = {r.student_id: r for r in Grader(tmp_path / "out", "3.2", jobs=1, backend="mlx",
+                                               log=lambda *a: None).run(subs)}
+    assert results["mistake"].scores == {"3.2": 0.0}
+    assert results["mistake"].feedback["3.2"]["status"] == "fail"
+    attack = results["mlx-vag"]
+    assert attack.scores == {"3.2": 0.0} and attack.feedback["3.2"]["status"] == "tampered", attack.feedback
+    assert all("changed code it does not own" in c["message"] for c in attack.feedback["3.2"]["cases"])
+
+
 def test_what_a_baseline_sees_changed():
     """Each kind of change, undone after; and the reference's own runs change nothing."""
     import jax
