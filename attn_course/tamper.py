@@ -9,7 +9,8 @@ nan gradient at zero weights scored 3/3 by wrapping ``jax.value_and_grad`` in
 that machinery exists: the functions, classes and modules that the globals of
 every module of JAX, jaxlib, NumPy and the course name (the code, defaults and
 closures of JAX's autodiff entry points' and the course's functions; a
-class's methods and descriptors, compiled ones too), every dict of handlers by
+class's methods and descriptors, compiled ones too; the class of each module
+and class, which no dict entry shows), every dict of handlers by
 type there, the import system's finders, every table of rules JAX keeps for
 its primitives (lowerings, derivatives, transposes, batching, partial
 evaluation: found, not listed, :func:`rule_tables`), and the primitives' own
@@ -182,6 +183,16 @@ def _attributes(objects: list, attr: str, names: list[str]) -> Group:
     read = operator.attrgetter(attr)
     objects = tuple(objects)
     return Group(lambda: tuple(map(read, objects)), tuple(map(read, objects)), tuple(f"{n} ({attr})" for n in names))
+
+
+def _types(objects: list, names: list[str]) -> Group:
+    """The class of each object, read by ``type`` (which no class can lie to, as it can about
+    ``__class__``): a module's class swapped for a subclass with a property of a function's name
+    (``jax.vjp``, ``mlx.core.value_and_grad``, ``numpy.asarray``) gives that property's value to
+    every ``module.name``, while the module's dict, and so every entry taken, stays the same
+    (red team, round 14: 3.2's nan gradient 3/3 on JAX and on MLX)."""
+    objects, kind = tuple(objects), type
+    return Group(lambda: tuple(map(kind, objects)), tuple(map(kind, objects)), tuple(f"{n} (its class)" for n in names))
 
 
 def _jax_modules() -> list[types.ModuleType]:
@@ -433,7 +444,9 @@ def take() -> Baseline:
     primitive = getattr(sys.modules.get("jax._src.core"), "Primitive", None)
     named: dict[Any, str] = {}  # a primitive's name as a watched module's global
     classes: list[tuple[str, type]] = []  # (defined in a watched module)
+    typed: list[tuple[str, Any]] = []  # the modules, and every class defined in them: their own classes
     for module in _watched_modules():
+        typed.append((module.__name__, module))
         where = module.__name__
         space = module.__dict__
         code = where in CODE_WATCHED or where.split(".")[0] == "attn_course"
@@ -448,6 +461,7 @@ def take() -> Baseline:
             if isinstance(value, type):
                 keys.append(key)
                 if getattr(value, "__module__", None) == where:
+                    typed.append((f"{where}.{key}", value))
                     if python:  # (a compiled module's classes add attributes as they run: jaxlib's
                         classes.append((f"{where}.{key}", value))  # DeviceList, ifrt_device_iterator)
                     methods = [(a, m) for a, m in list(vars(value).items()) if _behaviour(m)]
@@ -496,6 +510,7 @@ def take() -> Baseline:
         objects = [exercises[i] for i in ids]
         for attr in ("probe", "function", "id"):
             groups.append(_attributes(objects, attr, [f"exercise {i}" for i in ids]))
+        typed += [(f"exercise {i}", exercises[i]) for i in ids]
         functions += [(f"exercise {i}'s probe", exercises[i].probe) for i in ids
                       if isinstance(exercises[i].probe, types.FunctionType)]
     names, fns = [n for n, _ in functions], [f for _, f in functions]
@@ -520,6 +535,7 @@ def take() -> Baseline:
             groups.append(_entries(vars(sys.modules[module_name]), [attr], lambda a, c=module_name: f"{c}.{a}"))
     groups.append(_importers())
     groups.append(_no_attribute_added(classes))
+    groups.append(_types([o for _, o in typed], [n for n, _ in typed]))
     flat = _flat([g for g in groups if isinstance(g, Entries)])
     return Baseline((flat, *(g for g in groups if not isinstance(g, Entries))), (sys.getprofile(), sys.gettrace()))
 

@@ -381,6 +381,12 @@ def watch_code_swaps(package: Path) -> None:
         return
     before = namespaces(refresh=False)[1].ids  # (every module's, as the job began)
     existed = _FUNCTIONS[0].ids
+    from .tamper import _watched_modules
+
+    # the modules of the checks' (attn_course.tamper's): a class of one swapped, even for a moment,
+    # puts a property before its dict, which every `module.name` reads (red team, round 14: jax.vjp
+    # and mlx.core.value_and_grad shadowed so, the dict the same, and put back before the check)
+    watched = {id(m): m.__name__ for m in _watched_modules()}
     is_library = library_frames().is_library
     own, swapped, attributes = _OWN, SWAPPED, SWAPPED_ATTRIBUTES
     function, _type, _str, _id, _len, _getattr = types.FunctionType, type, str, id, len, getattr
@@ -404,7 +410,14 @@ def watch_code_swaps(package: Path) -> None:
         return False
 
     def hook(event: str, args: tuple) -> None:
-        if event != "object.__setattr__" or _len(args) < 2 or args[1] not in attributes:
+        if event != "object.__setattr__" or _len(args) < 2:
+            return
+        if args[1] == "__class__":  # (the module by its id, as it was before: nothing of the job's is read)
+            name = watched.get(_id(args[0]))
+            if name is not None and not swapped[0]:
+                swapped[0] = f"{name}.__class__"[:200]
+            return
+        if args[1] not in attributes:
             return
         fn = args[0]
         if _type(fn) is not function:  # (first: another object's attributes are not read, its class neither)

@@ -43,6 +43,21 @@ def _vag(fun, *a, **k):
     return h
 '''
 
+# a ModuleType subclass for jax whose property `vjp` wraps jax.vjp's pullback in a nan-to-0 (_Jax), and
+# _swap(cls), which sets jax's module object's class (round 14)
+_MODULE_CLASS = b'''
+import functools as _ft, types as _ty
+import jax as _jax, jax.numpy as _jnp
+_orig_vjp = _jax.vjp
+def _vjp(f, *primals, **kw):
+    out, pull = _orig_vjp(f, *primals, **kw)
+    return out, lambda ct: tuple(_jnp.where(_jnp.isnan(t), _jnp.zeros_like(t), t) for t in pull(ct))
+class _Jax(_ty.ModuleType):
+    vjp = property(lambda self: _vjp)
+def _swap(cls):
+    _ft.partial(object.__setattr__, _jax, "__class__")(cls)
+'''
+
 # each appended to a statmech.py whose entropy has the mistake (A_safe = A)
 ATTACKS = {
     "probe": b'''
@@ -333,6 +348,22 @@ def _prof(frame, event, arg):
         _jax.value_and_grad = _orig
         _sys.setprofile(None)
 _sys.setprofile(_prof)
+''',
+    # (round 14) jax's module object given a class of the package's, whose property `vjp` (what the
+    # probe calls: jax.vjp) gives a pullback that makes nan 0: the module's dict, every entry tamper
+    # takes, stays the same; set through a partial, so that no line spells `__class__ =`
+    "class-swap": _MODULE_CLASS + b'''_swap(_Jax)
+''',
+    # the same, put back by the student's own entropy after its second call (3.2's hidden cases):
+    # the check that follows the trace finds jax's own class again; the swap was seen as it was made
+    "class-put-back": _MODULE_CLASS + b'''_swap(_Jax)
+_entropy, _calls = entropy, [0]
+def entropy(A, mask=None):
+    out = _entropy(A, mask)
+    _calls[0] += 1
+    if _calls[0] == 2:
+        _swap(_ty.ModuleType)
+    return out
 ''',
 }
 

@@ -79,6 +79,7 @@ SAMPLES = [
     ("lax.mul_p.bind = bind", "code objects"), ("string.Formatter().get_field('0.x', [m], {})", "attributes by name"),
     ("f = jax.custom_vjp(entropy)", "own derivative"), ("return (jnp.nan_to_num(g, nan=0.0),)", "own derivative"),
     ("@jax.custom_jvp", "own derivative"), ("f.defvjp(fwd, bwd)", "own derivative"),
+    ("f = mx.custom_function(entropy)", "own derivative"), ("@f.vjp", "own derivative"), ("@ f . jvp", "own derivative"),
     ("c = jnp.log.trace(x).jaxpr", "jax internals"), ("c._jaxpr = other.jaxpr", "jax internals"),
     ("c._consts = other.consts", "jax internals"),
 ]
@@ -98,6 +99,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
     "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
     "if isinstance(x, jax.core.Tracer):", "rows.extend(out)", "from jax import numpy as jnp, lax",
     "name = x.__class__.__name__", "if p.bind == q:", "_test_shapes = imp_weights(xx)",
+    "out, pull = jax.vjp(f, x)", "y = A @ B.T", "@jax.jit",
     "w = jnp.zeros(3, dtype=type(x))", "n = x.id(3) + grid(2)", "if type(a) is type(b):",
 ])
 def test_ordinary_code_is_not_flagged(line):
