@@ -462,8 +462,11 @@ def take() -> Baseline:
                 keys.append(key)
                 if getattr(value, "__module__", None) == where:
                     typed.append((f"{where}.{key}", value))
-                    if python:  # (a compiled module's classes add attributes as they run: jaxlib's
-                        classes.append((f"{where}.{key}", value))  # DeviceList, ifrt_device_iterator)
+                    # (a compiled module's classes add attributes as they run: jaxlib's DeviceList,
+                    # ifrt_device_iterator; MLX's do not, and an array's __getattribute__ added
+                    # would run the job's code at every read of its dtype: red team, round 14)
+                    if python or where.split(".")[0] == "mlx":
+                        classes.append((f"{where}.{key}", value))
                     methods = [(a, m) for a, m in list(vars(value).items()) if _behaviour(m)]
                     if methods:
                         groups.append(_entries(vars(value), [a for a, _ in methods],
@@ -477,6 +480,8 @@ def take() -> Baseline:
                 keys.append(key)
                 if code and isinstance(value, types.FunctionType):
                     functions.append((f"{where}.{key}", value))
+            elif where.split(".")[0] == "mlx":  # (MLX's module data does not change as it runs: its
+                keys.append(key)  # devices and dtypes, which the worker reads too, are watched as well)
             elif _type_keyed(value):
                 keys.append(key)  # (the dict itself, rebound to a copy, is a change too)
                 label = lambda t, c=f"{where}.{key}": f"{c}[{getattr(t, '__qualname__', t)}]"  # noqa: E731

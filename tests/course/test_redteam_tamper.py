@@ -500,7 +500,8 @@ _mx.value_and_grad = _vag
 @pytest.mark.mlx
 def test_tampering_with_mlx_on_an_mlx_job_earns_nothing(tmp_path, monkeypatch):
     """Graded on MLX (``--backend mlx``, where MLX's score counts), the mistake with MLX's
-    value_and_grad wrapped scored 3/3 untouched; now it is tampered, and the mistake alone still 0."""
+    value_and_grad wrapped scored 3/3 untouched; now it is tampered, as is an attribute added to
+    MLX's array class or a dtype of mlx.core rebound, and the mistake alone still scores 0."""
     pytest.importorskip("mlx.core")  # (required where ATTN_REQUIRE_MLX=1: tests/conftest.py)
     from attn_course.grade import Grader
 
@@ -509,16 +510,20 @@ def test_tampering_with_mlx_on_an_mlx_job_earns_nothing(tmp_path, monkeypatch):
     subs.mkdir()
     ref = library_files(ROOT)
     mistake = ref["attn_tensors/statmech.py"].replace(GUARD, b"A_safe = A")
-    for sid, statmech in (("mistake", mistake), ("mlx-vag", mistake + MLX_VAG)):
+    added = b"\nimport mlx.core as _mx\n_mx.array.__rmatmul__ = lambda self, other: self\n"  # (it had none)
+    data = b"\nimport mlx.core as _mx\n_mx.float64 = _mx.float32\n"  # (what the worker makes the inputs of)
+    for sid, statmech in (("mistake", mistake), ("mlx-vag", mistake + MLX_VAG), ("mlx-added", mistake + added),
+                          ("mlx-data", mistake + data)):
         build_archive(subs / f"{sid}.zip", sid, {**ref, "attn_tensors/statmech.py": statmech},
                       token=token_for(sid, SECRET))
     results = {r.student_id: r for r in Grader(tmp_path / "out", "3.2", jobs=1, backend="mlx",
                                                log=lambda *a: None).run(subs)}
     assert results["mistake"].scores == {"3.2": 0.0}
     assert results["mistake"].feedback["3.2"]["status"] == "fail"
-    attack = results["mlx-vag"]
-    assert attack.scores == {"3.2": 0.0} and attack.feedback["3.2"]["status"] == "tampered", attack.feedback
-    assert all("changed code it does not own" in c["message"] for c in attack.feedback["3.2"]["cases"])
+    for sid in ("mlx-vag", "mlx-added", "mlx-data"):  # (an attribute added to MLX's array class, its module data)
+        attack = results[sid]
+        assert attack.scores == {"3.2": 0.0} and attack.feedback["3.2"]["status"] == "tampered", (sid, attack.feedback)
+        assert all("changed code it does not own" in c["message"] for c in attack.feedback["3.2"]["cases"])
 
 
 def test_what_a_baseline_sees_changed():
