@@ -65,7 +65,7 @@ class Ran:
 
 def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, list[Outcome] | Ran | None] | None:
     """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes),
-    ("watch", key, None) or ("ran", "", :class:`Ran`); None if it is not one.
+    ("watch", key, None), ("ran", "", :class:`Ran`) or ("swapped", name, None); None if it is not one.
 
     ``key``: the job's watch's, from its first line (None until then).  Every
     other line counts only sealed with it (:func:`attn_course.watch.sealer`):
@@ -95,6 +95,8 @@ def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, 
         return "start", obj["start"], None
     if obj == {"phase": "compile"}:
         return "phase", COMPILING, None
+    if set(obj) == {"swapped"} and isinstance(obj["swapped"], str):  # the watch's hook, as a swap was made
+        return "swapped", obj["swapped"][:200], None
     if set(obj) == {"ran", "file", "line"}:
         from .review import WHY
 
@@ -228,6 +230,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             job["programs"] = programs.value
         current, verdict, done, received = None, None, None, 0
         key = None  # the job's watch's (its first line): a "ran" line without it is the job's own making
+        swapped = None  # code not the job's that it replaced, as the watch saw it made: what follows is tampered
         seen: dict[str, float] = {}  # when each exercise started: a clock is never reset
         refused = server.sandbox.processes_refused()  # the process limit's count before this job
         killed = server.sandbox.memory_kills()  # and the memory limit's
@@ -275,8 +278,11 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
                 elif kind == "phase" and COMPILING not in seen:
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
-                elif kind == "result":
-                    raw[ex_id] = outcomes
+                elif kind == "swapped":
+                    swapped = swapped or ex_id
+                elif kind == "result":  # (every result after a swap was computed with the code swapped)
+                    raw[ex_id] = outcomes if swapped is None else [
+                        Outcome.failure("tampered", f"{values.TAMPERED}: the code of {swapped} (replaced)")] * len(outcomes)
             if verdict is not None or done is not None:
                 break
             now = time.monotonic()

@@ -185,6 +185,37 @@ def _attributes(objects: list, attr: str, names: list[str]) -> Group:
     return Group(lambda: tuple(map(read, objects)), tuple(map(read, objects)), tuple(f"{n} ({attr})" for n in names))
 
 
+def _keys_plain(containers: list) -> Group:
+    """That every key of every dict the check reads by key is of a type the keys had when taken
+    (``str``, JAX's primitives' classes, types), each type's ``__eq__`` and ``__hash__`` as they
+    were; read first, by ``id`` (nothing of the job's is hashed or compared).  A key is compared with the one looked up when their hashes
+    meet: a red team's key that hashed as ``"total_ordering"``, put first in ``functools``' dict,
+    ran the job's ``__eq__`` inside the check, which put back what the job had changed for as long
+    as the check read it (round 15: 3.2's nan gradient 3/3 on JAX and MLX, nothing flagged)."""
+    containers = tuple(containers)
+    ident, kind, chain = id, type, itertools.chain.from_iterable
+    types_ = tuple({t: None for t in map(kind, chain(containers))})  # (str, JAX's primitives, types...)
+    allowed = frozenset(map(ident, types_))
+    compare = operator.attrgetter("__eq__", "__hash__")
+    before = tuple(map(compare, types_))
+    same = operator.is_
+
+    def fetch() -> tuple:  # (one pass of C code over every key: a few ms)
+        try:
+            if not allowed.issuperset(map(ident, map(kind, chain(containers)))):
+                return (object(),)
+            if not _all(map(same, chain(map(compare, types_)), chain(before))):
+                return (object(),)
+            return (_SAME,)
+        except Exception:  # noqa: BLE001
+            return (object(),)
+
+    return Group(fetch, (_SAME,), ("a key of the job's in a dict the check reads (one that is not a plain name)",))
+
+
+_all = all
+
+
 def _types(objects: list, names: list[str]) -> Group:
     """The class of each object, read by ``type`` (which no class can lie to, as it can about
     ``__class__``): a module's class swapped for a subclass with a property of a function's name
@@ -541,8 +572,15 @@ def take() -> Baseline:
     groups.append(_importers())
     groups.append(_no_attribute_added(classes))
     groups.append(_types([o for _, o in typed], [n for n, _ in typed]))
-    flat = _flat([g for g in groups if isinstance(g, Entries)])
-    return Baseline((flat, *(g for g in groups if not isinstance(g, Entries))), (sys.getprofile(), sys.gettrace()))
+    entries = [g for g in groups if isinstance(g, Entries)]
+    # what is read by key, every container once: checked first, before any of it is read so
+    # (a class's own dict is not the job's to write: its names are made plain strings as they are set,
+    # and only the collector's referents reach the dict itself, which the watch sees run)
+    keyed = {id(c): c for c in [*(e.container for e in entries), sys.modules, sys.path_importer_cache]
+             if type(c) is not types.MappingProxyType}
+    gate = _keys_plain(list(keyed.values()))
+    flat = _flat(entries)
+    return Baseline((gate, flat, *(g for g in groups if not isinstance(g, Entries))), (sys.getprofile(), sys.gettrace()))
 
 
 def changed(base: Baseline, _is=operator.is_, _all=all, _map=map, _profile=sys.getprofile,

@@ -355,9 +355,13 @@ def note_functions() -> None:
     _FUNCTIONS[0] = _FUNCTIONS[0].add([o for o in gc.get_objects() if type(o) is types.FunctionType])
 
 
-def watch_code_swaps(package: Path) -> None:
+def watch_code_swaps(package: Path, say: Callable[[str], None] | None = None) -> None:
     """From now on, this process notes (:data:`SWAPPED`) code swapped in functions not of
-    ``package`` (or of a notebook's cells).
+    ``package`` (or of a notebook's cells).  ``say`` (the first call's, in a process: a job's
+    child runs one job) is called with the first as it is made: the job's worker writes it, sealed,
+    to the results channel at once, where the job cannot take it back (round 15: the job emptied
+    :data:`SWAPPED`, a list of a module's, and a swap of JAX's transpose rules for ``mul`` and
+    ``div`` went unseen: 3.2's nan gradient 3/3).
 
     A function's ``__code__``, ``__defaults__`` or ``__kwdefaults__`` replaced counts where the
     function is not the job's own (its code's file is not the package's, nor a cell's), whatever
@@ -389,6 +393,13 @@ def watch_code_swaps(package: Path) -> None:
     watched = {id(m): m.__name__ for m in _watched_modules()}
     is_library = library_frames().is_library
     own, swapped, attributes = _OWN, SWAPPED, SWAPPED_ATTRIBUTES
+    told = [say is None]  # (the hook's own, out of the job's reach but for the collector's referents)
+
+    def note(name: str) -> None:
+        swapped[0] = name
+        if not told[0]:
+            told[0] = True
+            say(name)
     function, _type, _str, _id, _len, _getattr = types.FunctionType, type, str, id, len, getattr
     getframe, normpath, sets_up_its_own = sys._getframe, _normpath, _stdlib_files(SETS_UP_ITS_OWN)
 
@@ -414,8 +425,8 @@ def watch_code_swaps(package: Path) -> None:
             return
         if args[1] == "__class__":  # (the module by its id, as it was before: nothing of the job's is read)
             name = watched.get(_id(args[0]))
-            if name is not None and not swapped[0]:
-                swapped[0] = f"{name}.__class__"[:200]
+            if name is not None and not (swapped[0] and told[0]):
+                note(f"{name}.__class__"[:200])
             return
         if args[1] not in attributes:
             return
@@ -423,7 +434,7 @@ def watch_code_swaps(package: Path) -> None:
         if _type(fn) is not function:  # (first: another object's attributes are not read, its class neither)
             return
         where = fn.__code__.co_filename
-        if (_type(where) is _str and where.startswith(own[0])) or swapped[0]:
+        if (_type(where) is _str and where.startswith(own[0])) or (swapped[0] and told[0]):
             return
         try:
             old = _id(fn) in existed or (_type(where) is _str and (where.startswith("/") or where.startswith(FROZEN))
@@ -434,7 +445,7 @@ def watch_code_swaps(package: Path) -> None:
             pass
         # (strings only: another object's format would be the job's code, run here)
         module, name = _getattr(fn, "__module__", None), _getattr(fn, "__qualname__", None)
-        swapped[0] = f"{module if _type(module) is _str else '?'}.{name if _type(name) is _str else '?'}"[:200]
+        note(f"{module if _type(module) is _str else '?'}.{name if _type(name) is _str else '?'}"[:200])
 
     sys.addaudithook(hook)
     _SWAPS_WATCHED[0] = True

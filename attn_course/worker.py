@@ -646,7 +646,15 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
         items = [JobItem(item["id"], exercises[item["id"]].probe,
                          [values.decode(case["inputs"]) for case in item["cases"]],
                          [case.get("eager") is True for case in item["cases"]]) for item in job["exercises"]]
-    watch.watch_code_swaps(package)
+    channel, write = out.fileno(), os.write  # (held before any of the job runs)
+
+    def say(name: str, _dumps=_dumps, _seal=seal, _write=write, _channel=channel) -> None:
+        """A code swap, as the watch's hook sees it made: said at once, sealed (what it calls bound
+        now: the job may rebind this module's globals)."""
+        text = _dumps({"swapped": name})
+        _write(_channel, ((_seal(text) if _seal is not None else text) + "\n").encode())
+
+    watch.watch_code_swaps(package, say)
     try:
         load_package(package)
         load_error = None

@@ -356,6 +356,52 @@ _sys.setprofile(_prof)
 ''',
     # the same, put back by the student's own entropy after its second call (3.2's hidden cases):
     # the check that follows the trace finds jax's own class again; the swap was seen as it was made
+    # (round 15) jax.vjp rebound in jax's dict, and put back for as long as the check reads it: a
+    # key that hashes as "total_ordering", ahead of it in functools' dict (read before jax's), runs
+    # its __eq__ as the check looks that name up; one in operator's (read after) puts it in again
+    "key-in-dict": _MODULE_CLASS + b'''
+class _Key:
+    def __init__(self, name, action):
+        self.h, self.action = hash(name), action
+    def __hash__(self):
+        return self.h
+    def __eq__(self, other):
+        self.action()
+        return False
+def _before(d, name, action):
+    value = d.pop(name)
+    d[_Key(name, action)] = None
+    d[name] = value
+_J = vars(_jax)
+_before(vars(_ft), "total_ordering", lambda: _J.__setitem__("vjp", _orig_vjp))
+import operator as _op
+_before(vars(_op), "ilshift", lambda: _J.__setitem__("vjp", _vjp))
+_J["vjp"] = _vjp
+''',
+    # (round 15) the code of JAX's transpose rules of mul and div made nan-safe (a module whose code
+    # tamper does not compare: the watch's hook sees the swap), and the hook's record, a list of
+    # attn_course.watch's, emptied after
+    "swap-unsaid": b'''
+import jax._src.lax.lax as _L
+import attn_course.watch as _W
+from jax._src.lax.lax import mul, select, eq, full_like, div, _unbroadcast
+from jax._src import ad_util
+def _ml(ct, x, y, *, out_dtype):
+    g = mul(ct, y, out_dtype=None if out_dtype is None else x.aval.dtype)
+    return _unbroadcast(x.aval, select(eq(ct, full_like(ct, 0)), full_like(g, 0), g))
+def _mr(ct, x, y, *, out_dtype):
+    g = mul(x, ct, out_dtype=None if out_dtype is None else y.aval.dtype)
+    return _unbroadcast(y.aval, select(eq(ct, full_like(ct, 0)), full_like(g, 0), g))
+def _dt(cotangent, x, y):
+    if type(cotangent) is ad_util.Zero:
+        return [ad_util.Zero(x.aval), None]
+    g = div(cotangent, y)
+    return [_unbroadcast(x.aval, select(eq(cotangent, full_like(cotangent, 0)), full_like(g, 0), g)), None]
+_L._mul_transpose_left.__code__ = _ml.__code__
+_L._mul_transpose_right.__code__ = _mr.__code__
+_L._div_transpose_rule.__code__ = _dt.__code__
+_W.SWAPPED[0] = ""
+''',
     "class-put-back": _MODULE_CLASS + b'''_swap(_Jax)
 _entropy, _calls = entropy, [0]
 def entropy(A, mask=None):
