@@ -104,7 +104,8 @@ RULES: tuple[Rule, ...] = (
     _rule("builtins", r"\b__builtins__\b|\bimport\s+builtins\b|\bbuiltins\s*\.", "changes what every module sees"),
     # (round 8 of the ninth session: pydoc.locate("jax._src.interpreters.pxla") reached a module whose
     # name was only a string, which the review blanks)
-    _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|\bimportlib\b|\bpkgutil\b|\bresolve_name\b"
+    _rule("dynamic code", r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(|(?<![\w.])__import__\b"
+                          r"|\bimportlib\b|\bpkgutil\b|\bresolve_name\b"
                           r"|\b(?:pydoc|runpy|zipimport|zipimporter)\b|\blocate\s*\(",
           "code or modules the grader cannot read in the archive"),
     # (the public modules that reach the same rules too, and their names in a ``from jax import``
@@ -134,6 +135,8 @@ RULES: tuple[Rule, ...] = (
                                 r"|\bFormatter\b"
                                 r"|__getattribute__|\b__setattr__\s*\("
                                 r"|(?<![\w.])(?:vars|globals|locals)\s*\("
+                                # (round 15: ``V = vars``, then ``V(jax)``: the name held, not called)
+                                r"|(?<![\w.])(?:vars|globals|locals|getattr|setattr|delattr)\b(?!\s*\()"
                                 # (the tenth session's red team: pickle's globals by name, members
                                 # by name, a class made of a namespace of names from strings)
                                 r"|\b(?:c?[Pp]ickle|_pickle|copyreg|shelve|dill|cloudpickle)\b|\bfind_class\b"
@@ -206,7 +209,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|multiprocessing|socket|signal|mmap|pty|threading|system|fork|kill|popen|spawn|_exit"
                    "|_current_frames|walk_stack|walk_tb|getinnerframes|getouterframes|inspect|concurrent|_thread|pkgutil|resolve_name|methodcaller"
                    "|pydoc|runpy|zipimport|locate|sys\\s+as"
-                   "|attn_course|callback|setattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
+                   "|attn_course|callback|setattr|delattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
                    "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|custom_function|vjp|jvp|vmap|jaxpr|_consts|_eqns"
                    "|cffi|_test|_xx|_interp|_dynamic|_imp"

@@ -185,32 +185,52 @@ def _attributes(objects: list, attr: str, names: list[str]) -> Group:
     return Group(lambda: tuple(map(read, objects)), tuple(map(read, objects)), tuple(f"{n} ({attr})" for n in names))
 
 
+_MRO = type.__dict__["__mro__"].__get__  # (a class's own, read without its metaclass's code)
+_CLASS_DICT = type.__dict__["__dict__"].__get__
+
+
+def _resolved(cls: type, name: str) -> Any:
+    """``cls.name`` as Python resolves a slot, read from the dicts of the classes of its MRO: no
+    ``__getattribute__`` of a metaclass's runs."""
+    for c in _MRO(cls):
+        d = _CLASS_DICT(c)
+        if name in d:
+            return d[name]
+    return None
+
+
 def _keys_plain(containers: list) -> Group:
-    """That every key of every dict the check reads by key is of a type the keys had when taken
-    (``str``, JAX's primitives' classes, types), each type's ``__eq__`` and ``__hash__`` as they
-    were; read first, by ``id`` (nothing of the job's is hashed or compared).  A key is compared with the one looked up when their hashes
-    meet: a red team's key that hashed as ``"total_ordering"``, put first in ``functools``' dict,
-    ran the job's ``__eq__`` inside the check, which put back what the job had changed for as long
-    as the check read it (round 15: 3.2's nan gradient 3/3 on JAX and MLX, nothing flagged)."""
+    """That no key of a dict the check reads by name can run code as it is hashed or compared:
+    every key's class resolves ``__eq__`` and ``__hash__`` to what the keys' classes had when
+    taken (``str``'s, ``object``'s: a primitive JAX defines later is as plain as the old ones),
+    read first, by ``id`` (nothing of the job's is hashed or compared).  A key is compared with
+    the name looked up when their hashes meet: a red team's key that hashed as
+    ``"total_ordering"``, put first in ``functools``' dict, ran the job's ``__eq__`` inside the
+    check, which put back what the job had changed for as long as the check read it (round 15:
+    3.2's nan gradient 3/3 on JAX and MLX, nothing flagged)."""
     containers = tuple(containers)
     ident, kind, chain = id, type, itertools.chain.from_iterable
-    types_ = tuple({t: None for t in map(kind, chain(containers))})  # (str, JAX's primitives, types...)
-    allowed = frozenset(map(ident, types_))
-    compare = operator.attrgetter("__eq__", "__hash__")
-    before = tuple(map(compare, types_))
-    same = operator.is_
+    known = {t: None for t in map(kind, chain(containers))}  # (str, JAX's primitives' classes, types...)
+    plain = frozenset(ident(_resolved(t, n)) for t in known for n in ("__eq__", "__hash__"))
+    allowed = set(map(ident, known))  # (classes found plain since are added)
+    slots = [(t, n, _resolved(t, n)) for t in known for n in ("__eq__", "__hash__")]
 
     def fetch() -> tuple:  # (one pass of C code over every key: a few ms)
         try:
-            if not allowed.issuperset(map(ident, map(kind, chain(containers)))):
-                return (object(),)
-            if not _all(map(same, chain(map(compare, types_)), chain(before))):
-                return (object(),)
+            for t, n, was in slots:  # (a class of the keys given a comparison of its own: Primitive.__eq__)
+                if _resolved(t, n) is not was:
+                    return (object(),)
+            if allowed.issuperset(map(ident, map(kind, chain(containers)))):
+                return (_SAME,)
+            for t in {ident(t): t for t in map(kind, chain(containers)) if ident(t) not in allowed}.values():
+                if ident(_resolved(t, "__eq__")) not in plain or ident(_resolved(t, "__hash__")) not in plain:
+                    return (object(),)
+                allowed.add(ident(t))
             return (_SAME,)
         except Exception:  # noqa: BLE001
             return (object(),)
 
-    return Group(fetch, (_SAME,), ("a key of the job's in a dict the check reads (one that is not a plain name)",))
+    return Group(fetch, (_SAME,), ("a key of the job's in a dict the check reads, whose hash or comparison is its own code",))
 
 
 _all = all

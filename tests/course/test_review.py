@@ -80,6 +80,8 @@ SAMPLES = [
     ("f = jax.custom_vjp(entropy)", "own derivative"), ("return (jnp.nan_to_num(g, nan=0.0),)", "own derivative"),
     ("@jax.custom_jvp", "own derivative"), ("f.defvjp(fwd, bwd)", "own derivative"),
     ("f = mx.custom_function(entropy)", "own derivative"), ("@f.vjp", "own derivative"), ("@ f . jvp", "own derivative"),
+    ("V = vars", "attributes by name"), ("G, S = getattr, setattr", "attributes by name"),
+    ("D = delattr", "attributes by name"), ("I = __import__", "dynamic code"),
     ("c = jnp.log.trace(x).jaxpr", "jax internals"), ("c._jaxpr = other.jaxpr", "jax internals"),
     ("c._consts = other.consts", "jax internals"),
 ]
@@ -99,7 +101,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
     "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
     "if isinstance(x, jax.core.Tracer):", "rows.extend(out)", "from jax import numpy as jnp, lax",
     "name = x.__class__.__name__", "if p.bind == q:", "_test_shapes = imp_weights(xx)",
-    "out, pull = jax.vjp(f, x)", "y = A @ B.T", "@jax.jit",
+    "out, pull = jax.vjp(f, x)", "y = A @ B.T", "@jax.jit", "n_vars = x.vars", "has = hasattr(x, 'shape')",
     "w = jnp.zeros(3, dtype=type(x))", "n = x.id(3) + grid(2)", "if type(a) is type(b):",
 ])
 def test_ordinary_code_is_not_flagged(line):
