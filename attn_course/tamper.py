@@ -190,12 +190,13 @@ _CLASS_DICT = type.__dict__["__dict__"].__get__
 
 
 def _resolved(cls: type, name: str) -> Any:
-    """``cls.name`` as Python resolves a slot, read from the dicts of the classes of its MRO: no
-    ``__getattribute__`` of a metaclass's runs."""
+    """``cls.name`` as Python resolves a slot, read from the dicts of the classes of its MRO, each
+    key found by identity (a class's names are interned; ``name`` is a literal): no
+    ``__getattribute__`` of a metaclass's runs, and no key of the job's is hashed or compared."""
     for c in _MRO(cls):
-        d = _CLASS_DICT(c)
-        if name in d:
-            return d[name]
+        for key, value in _CLASS_DICT(c).items():
+            if key is name:
+                return value
     return None
 
 
@@ -337,13 +338,20 @@ def _same_as(value: Any, depth: int = 2) -> Callable[[], bool] | None:
     kind = type(value)
     if kind is functools.partial:
         func, args, words, extra = _partial_state(value)[2]
-        items = tuple(words.items()) if words else ()
+        # (keys and values by identity: `==` on a value the job put in the live dict ran its __eq__
+        # inside the check, which put back what the job had changed: red team, round 15)
+        items = tuple(itertools.chain.from_iterable(words.items())) if words else ()
         inner = [c for c in (_same_as(func, depth - 1),) if c] if depth > 1 else []
 
         def check(v=value, was=(func, args, words, extra), items=items, inner=inner) -> bool:
             now = _partial_state(v)[2]
-            return (all(map(operator.is_, now, was)) and (not items or tuple(now[2].items()) == items)
-                    and all(c() for c in inner))
+            if not all(map(operator.is_, now, was)):
+                return False
+            if items or now[2]:
+                held = tuple(itertools.chain.from_iterable(now[2].items()))
+                if len(held) != len(items) or not all(map(operator.is_, held, items)):
+                    return False
+            return all(c() for c in inner)
         return check
     if kind is types.MethodType:
         was = (value.__func__, value.__self__)
@@ -356,8 +364,10 @@ def _same_as(value: Any, depth: int = 2) -> Callable[[], bool] | None:
     inner = [c for c in (_same_as(f, depth - 1) for f in fields) if c] if depth > 1 else []
 
     def check(v=value, was=fields, read=read, one=len(slots) == 1, inner=inner) -> bool:
+        if type(v) is not kind:  # (first: a class of the job's whose property runs as a field is read,
+            return False         # red team, round 16, put back what the job had changed inside the check)
         now = (read(v),) if one else read(v)
-        return type(v) is kind and all(map(operator.is_, now, was)) and all(c() for c in inner)
+        return all(map(operator.is_, now, was)) and all(c() for c in inner)
     return check
 
 
@@ -461,8 +471,11 @@ def _importers() -> Group:
         try:
             # (looked up as it is read: the worker's global, watched with the others)
             own = getattr(sys.modules.get("attn_course.worker"), "_PackageOnly", None)
-            finders = tuple(f for f in list(sys.meta_path) if type(f) is not own)
-            hooks = tuple(sys.path_hooks)
+            meta, path_hooks = sys.meta_path, sys.path_hooks
+            if type(meta) is not list or type(path_hooks) is not list:  # (a list of the job's class:
+                return ((), (), (), False)  # its __iter__ would run inside the check, red team, round 16)
+            finders = tuple(f for f in list(meta) if type(f) is not own)
+            hooks = tuple(path_hooks)
             cached = tuple(cache.get(k, _GONE) for k in folders)
             return (finders, hooks, cached, cache is sys.path_importer_cache)
         except Exception:  # noqa: BLE001 - a list of the job's making
@@ -596,11 +609,15 @@ def take() -> Baseline:
     # what is read by key, every container once: checked first, before any of it is read so
     # (a class's own dict is not the job's to write: its names are made plain strings as they are set,
     # and only the collector's referents reach the dict itself, which the watch sees run)
-    keyed = {id(c): c for c in [*(e.container for e in entries), sys.modules, sys.path_importer_cache]
+    keyed = {id(c): c for c in [*(e.container for e in entries), sys.modules, sys.path_importer_cache, vars(sys)]
              if type(c) is not types.MappingProxyType}
     gate = _keys_plain(list(keyed.values()))
     flat = _flat(entries)
-    return Baseline((gate, flat, *(g for g in groups if not isinstance(g, Entries))), (sys.getprofile(), sys.gettrace()))
+    # the keys first, then the classes (before any attribute is read through one: a class of the
+    # job's could run its code as it is), then the rest
+    kinds = next(g for g in groups if isinstance(g, Group) and g.names[:1] and g.names[0].endswith("(its class)"))
+    rest = [g for g in groups if not isinstance(g, Entries) and g is not kinds]
+    return Baseline((gate, kinds, flat, *rest), (sys.getprofile(), sys.gettrace()))
 
 
 def changed(base: Baseline, _is=operator.is_, _all=all, _map=map, _profile=sys.getprofile,

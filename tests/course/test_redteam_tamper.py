@@ -58,6 +58,18 @@ def _swap(cls):
     _ft.partial(object.__setattr__, _jax, "__class__")(cls)
 '''
 
+# jax.vjp's api_boundary wrapper's `fun` cell made a vjp whose pullback erases nan (round 16): _cell, _orig
+_CELL = b'''
+import jax as _j, jax.numpy as _jn
+_cell = _j.vjp.__closure__[0]
+_orig = _cell.cell_contents
+def _fun(f, *primals, **kw):
+    res = _orig(f, *primals, **kw)
+    pull = res[1]
+    return (res[0], lambda *ct: _j.tree_util.tree_map(lambda t: _jn.where(_jn.isnan(t), 0.0, t), pull(*ct)), *res[2:])
+_cell.cell_contents = _fun
+'''
+
 # each appended to a statmech.py whose entropy has the mistake (A_safe = A)
 ATTACKS = {
     "probe": b'''
@@ -401,6 +413,35 @@ _L._mul_transpose_left.__code__ = _ml.__code__
 _L._mul_transpose_right.__code__ = _mr.__code__
 _L._div_transpose_rule.__code__ = _dt.__code__
 _W.SWAPPED[0] = ""
+''',
+    # (round 16) jax.vjp's wrapper given a nan-erasing `fun` in its closure's cell (no audit event), put
+    # back inside the check by the job's own code: a property of a rule entry's new class, read as the
+    # check read the entry's fields ...
+    "entry-class": _CELL + b'''
+_L = __import__("jax._src.interpreters.mlir", fromlist=["x"])._lowerings
+_entry = next(v for k, v in list(_L.items()) if k.name == "cbrt")
+_E = type(_entry)
+class _Sub(_E):
+    __slots__ = ()
+    @property
+    def rule(self):
+        _cell.cell_contents = _orig
+        object.__setattr__(self, "__class__", _E)
+        return _E.rule.__get__(self, _E)
+object.__setattr__(_entry, "__class__", _Sub)
+''',
+    # ... or the __eq__ of a value put in a rule's partial's keywords, compared as the check read them
+    "partial-keyword": _CELL + b'''
+_L = __import__("jax._src.interpreters.mlir", fromlist=["x"])._lowerings
+_kw = next(v for k, v in list(_L.items()) if k.name == "approx_top_k").rule.keywords
+_was = _kw["fallback"]
+class _Liar:
+    def __eq__(self, other):
+        _cell.cell_contents = _orig
+        _kw["fallback"] = _was
+        return True
+    __hash__ = object.__hash__
+_kw["fallback"] = _Liar()
 ''',
     "class-put-back": _MODULE_CLASS + b'''_swap(_Jax)
 _entropy, _calls = entropy, [0]
