@@ -111,8 +111,8 @@ WATCHED_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "attn_c
 """Packages every module of which is watched (found, not listed): what the probes, the worker and
 JAX's tracing, lowering and compiling run, and MLX, which the probes call on an MLX job (loaded
 by those jobs only, before their package: :func:`attn_course.worker.run_job`; a red team's
-package replaced ``mlx.core.value_and_grad``, and 3.2's nan gradient scored 3/3 on MLX).  A red team rebound ``MulOp`` in jaxlib's generated
-StableHLO module, which JAX's lowering rule for ``mul`` calls through a module global (every rule
+package replaced ``mlx.core.value_and_grad``, and 3.2's nan gradient scored 3/3 on MLX).  A red
+team rebound ``MulOp`` in jaxlib's generated StableHLO module, which JAX's lowering rule for ``mul`` calls through a module global (every rule
 table holding the same objects): ``0 * x`` compiled to 0, 3.2's mistake scored 3/3, nothing
 flagged; the list then named 33 modules of JAX's and a few others.  Not every module loaded:
 a library a student may import changes what it likes of the standard library's as it loads
@@ -232,9 +232,6 @@ def _keys_plain(containers: list) -> Group:
             return (object(),)
 
     return Group(fetch, (_SAME,), ("a key of the job's in a dict the check reads, whose hash or comparison is its own code",))
-
-
-_all = all
 
 
 def _types(objects: list, names: list[str]) -> Group:
@@ -604,7 +601,7 @@ def take() -> Baseline:
             groups.append(_entries(vars(sys.modules[module_name]), [attr], lambda a, c=module_name: f"{c}.{a}"))
     groups.append(_importers())
     groups.append(_no_attribute_added(classes))
-    groups.append(_types([o for _, o in typed], [n for n, _ in typed]))
+    kinds = _types([o for _, o in typed], [n for n, _ in typed])
     entries = [g for g in groups if isinstance(g, Entries)]
     # what is read by key, every container once: checked first, before any of it is read so
     # (a class's own dict is not the job's to write: its names are made plain strings as they are set,
@@ -615,8 +612,7 @@ def take() -> Baseline:
     flat = _flat(entries)
     # the keys first, then the classes (before any attribute is read through one: a class of the
     # job's could run its code as it is), then the rest
-    kinds = next(g for g in groups if isinstance(g, Group) and g.names[:1] and g.names[0].endswith("(its class)"))
-    rest = [g for g in groups if not isinstance(g, Entries) and g is not kinds]
+    rest = [g for g in groups if not isinstance(g, Entries)]
     return Baseline((gate, kinds, flat, *rest), (sys.getprofile(), sys.gettrace()))
 
 
