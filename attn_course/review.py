@@ -126,7 +126,7 @@ RULES: tuple[Rule, ...] = (
     # (round 14: MLX's twin, mx.custom_function with an @f.vjp of its own; a call of jax.vjp is an
     # honest way to check a derivative, a decorator naming .vjp is not)
     _rule("own derivative", r"\b(?:custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|custom_function)\b"
-                            r"|@\s*\w+(?:\s*\.\s*\w+)*\s*\.\s*(?:vjp|jvp|vmap)\b",
+                            r"|@\s*\w+(?:\s*\.\s*\w+)*\s*\.\s*(?:vjp|jvp)\b",
           "a derivative of its own, or nan erased: a gradient the exercise checks may come from it, not the formula"),
     _rule("course code", r"\battn_course\b", "the grader's own modules: its probes, its worker, how results are written"),
     _rule("callbacks", r"\b(?:pure_callback|io_callback)\b|\bdebug\s*\.\s*callback\b",
@@ -211,7 +211,7 @@ WORDS = re.compile("ctypes|gc|set(?:profile|trace)|monitoring|_getframe|f_(?:bac
                    "|pydoc|runpy|zipimport|locate|sys\\s+as"
                    "|attn_course|callback|setattr|delattr|__dict__|vars|ctypeslib|as_strided|stride_tricks|__array_"
                    "|getattr|attrgetter|__getattribute__|globals|locals|__setstate__|__class__|bind|get_field|Formatter"
-                   "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|custom_function|vjp|jvp|vmap|jaxpr|_consts|_eqns"
+                   "|custom_vjp|custom_jvp|defvjp|defjvp|nan_to_num|custom_function|vjp|jvp|jaxpr|_consts|_eqns"
                    "|cffi|_test|_xx|_interp|_dynamic|_imp"
                    "|__traceback__|tb_frame|ickle|copyreg|shelve|dill|find_class|getmembers|new_class|type\\s*\\(|id\\s*\\("
                    "|raw_capsule|_ccallback|LowLevelCallable|__dlpack__|Capsule|pjrt|register_plugin|load_extension|ffi_target")

@@ -101,7 +101,7 @@ def test_each_construct_is_flagged_by_its_rule(line, rule):
     "\u03b1 = 1.0 / \u03c4  # Greek names", "n_locals(x)", "global_mask = m",
     "if isinstance(x, jax.core.Tracer):", "rows.extend(out)", "from jax import numpy as jnp, lax",
     "name = x.__class__.__name__", "if p.bind == q:", "_test_shapes = imp_weights(xx)",
-    "out, pull = jax.vjp(f, x)", "y = A @ B.T", "@jax.jit", "n_vars = x.vars", "has = hasattr(x, 'shape')",
+    "out, pull = jax.vjp(f, x)", "y = A @ B.T", "@jax.jit", "@jax.vmap", "@partial(jax.vmap, in_axes=0)", "n_vars = x.vars", "has = hasattr(x, 'shape')",
     "w = jnp.zeros(3, dtype=type(x))", "n = x.id(3) + grid(2)", "if type(a) is type(b):",
 ])
 def test_ordinary_code_is_not_flagged(line):
