@@ -122,7 +122,7 @@ WATCHED_MODULES = ("builtins", "json", "json.encoder", "operator", "functools", 
 """Modules of the standard library's that the worker and JAX call through the module."""
 
 
-def _watched_modules() -> list[types.ModuleType]:
+def watched_modules() -> list[types.ModuleType]:
     """The modules of :data:`WATCHED_PACKAGES` and :data:`WATCHED_MODULES` loaded now, by name."""
     return [m for n, m in sorted(list(sys.modules.items()), key=lambda item: item[0])
             if isinstance(m, types.ModuleType) and (n in WATCHED_MODULES or n.split(".")[0] in WATCHED_PACKAGES)]
@@ -506,7 +506,7 @@ def take() -> Baseline:
     named: dict[Any, str] = {}  # a primitive's name as a watched module's global
     classes: list[tuple[str, type]] = []  # (defined in a watched module)
     typed: list[tuple[str, Any]] = []  # the modules, and every class defined in them: their own classes
-    for module in _watched_modules():
+    for module in watched_modules():
         typed.append((module.__name__, module))
         where = module.__name__
         space = module.__dict__
@@ -594,7 +594,7 @@ def take() -> Baseline:
     groups.append(_attributes(cells, "cell_contents", cell_names))
     # the modules themselves (a copy of jax put in sys.modules is what `import jax` then gives), and
     # the rule registries as objects (rebound to a copied dict, JAX reads the copy)
-    modules = sorted(m.__name__ for m in _watched_modules())
+    modules = sorted(m.__name__ for m in watched_modules())
     groups.append(_entries(sys.modules, modules, lambda n: f"sys.modules[{n!r}]"))
     for table in tables:
         for module_name, attr in table.homes:

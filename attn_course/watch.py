@@ -385,12 +385,12 @@ def watch_code_swaps(package: Path, say: Callable[[str], None] | None = None) ->
         return
     before = namespaces(refresh=False)[1].ids  # (every module's, as the job began)
     existed = _FUNCTIONS[0].ids
-    from .tamper import _watched_modules
+    from .tamper import watched_modules
 
     # the modules of the checks' (attn_course.tamper's): a class of one swapped, even for a moment,
     # puts a property before its dict, which every `module.name` reads (red team, round 14: jax.vjp
     # and mlx.core.value_and_grad shadowed so, the dict the same, and put back before the check)
-    watched = {id(m): m.__name__ for m in _watched_modules()}
+    watched = {id(m): m.__name__ for m in watched_modules()}
     is_library = library_frames().is_library
     own, swapped, attributes = _OWN, SWAPPED, SWAPPED_ATTRIBUTES
     told = [say is None]  # (the hook's own, out of the job's reach but for the collector's referents)
