@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import importlib.util
 import json
 import os
 import py_compile
@@ -66,6 +67,32 @@ COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and not
 WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py",
                   "inline_where.py", "warm.py", "seccomp.py", "tamper.py", "watch.py")
 _STAGED: dict[str, str] = {}
+# beside the staged modules: the stub release's own modules, compiled (:func:`_stage_release_bytecode`)
+RELEASE_BYTECODE = "release_pyc"
+
+
+def _stage_release_bytecode(dest: Path) -> None:
+    """The stub release's modules compiled under ``dest`` as the import system lays them out
+    (``dest/attn_tensors/__pycache__/backend.cpython-311.pyc``), each checked by its source's hash
+    (PEP 552): what :func:`attn_course.worker.place_release_bytecode` gives each job.
+
+    A student's submission changes the modules of their exercises; the others stay the release's,
+    byte for byte (a chapter-3 job imports seven modules, three of them the release's), and a job
+    compiled them again from source, about a twentieth of its CPU time.  The release is public:
+    nothing here is the reference's or the grader's."""
+    from . import RELEASE_LIBRARY
+
+    for src in sorted(RELEASE_LIBRARY.rglob("*.py")):
+        rel = src.relative_to(RELEASE_LIBRARY)
+        if "__pycache__" in rel.parts:
+            continue
+        cfile = Path(importlib.util.cache_from_source(str(dest / rel)))
+        py_compile.compile(str(src), cfile=str(cfile), dfile=str(rel), doraise=True, optimize=0,
+                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    for folder, _, names in os.walk(dest, topdown=False):
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o444)
+        os.chmod(folder, 0o555)
 
 
 def worker_course() -> str:
@@ -80,6 +107,7 @@ def worker_course() -> str:
         for spec in sorted((source / "specs").glob("*.py")):
             if spec.name != "proposed.py":
                 shutil.copyfile(spec, dest / "specs" / spec.name)
+        _stage_release_bytecode(dest / RELEASE_BYTECODE)
         for path in [dest / "specs", dest]:
             for f in path.glob("*.py"):
                 # compiled here, beside the copy: a server (``-B``, a read-only folder) would

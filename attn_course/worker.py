@@ -783,7 +783,40 @@ def _write_package(files: dict[str, str], dest: Path) -> None:
             raise ValueError(f"refusing to write {name!r}")
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(source)
+        target.write_text(source, encoding="utf-8")  # (Python source is UTF-8, PEP 3120)
+
+
+# the stub release's modules compiled, beside this module in the sandbox's copy of the course
+# (:func:`attn_course.sandbox.worker_course`); absent where the course runs from its own folder
+RELEASE_BYTECODE = Path(__file__).resolve().parent / "release_pyc"
+
+
+def place_release_bytecode(files: dict[str, str], dest: Path, staged: Path = RELEASE_BYTECODE) -> list[str]:
+    """Where a module of ``files`` (written under ``dest``) is the stub release's byte for byte, the
+    release's compiled module (``staged``) is put where the import system looks for it; the names.
+
+    The job then loads it instead of compiling that source (a chapter-3 job compiled seven
+    modules, three of them the release's, about 10 ms of its CPU time).  The bytecode is checked by
+    the hash of its source (PEP 552), here and again by Python as it imports: a module that differs
+    in one byte is compiled from its own source, as before.  The code's file names are the job's
+    (the import system sets them to the source's path as it loads), so the job's own code is as
+    much its own (:mod:`attn_course.watch`) either way.
+    """
+    placed = []
+    for name, source in files.items():
+        try:
+            code = Path(importlib.util.cache_from_source(str(staged / name))).read_bytes()
+            digest = importlib.util.source_hash(source.encode("utf-8"))
+        except (OSError, ValueError):  # (none staged for it; a source that is not UTF-8 is not the release's)
+            continue
+        # (the header: magic, flags -- 3 for a hash checked against the source --, the source's hash)
+        if len(code) < 16 or code[4:8] != b"\x03\0\0\0" or code[8:16] != digest:
+            continue
+        target = Path(importlib.util.cache_from_source(str(dest / name)))
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(code)
+        placed.append(name)
+    return placed
 
 
 def remove_tree(path: str) -> None:
@@ -1466,6 +1499,7 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
                 continue
             work.mkdir()
             _write_package(job["files"], work / "pkg")
+            place_release_bytecode(job["files"], work / "pkg")
             (work / "job.json").write_text(json.dumps({k: v for k, v in job.items() if k != "files"}))
             os.chmod(work, 0o755)
         except Exception:  # noqa: BLE001 - the trusted side sent something this server cannot do
