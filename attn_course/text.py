@@ -135,15 +135,38 @@ def csv_cell(s: object, limit: int = 1000) -> str:
     that would start a formula (``= + - @``, or any character that Unicode
     folds to one of them, NFKC: full-width and small forms; after any leading
     whitespace, or a tab or carriage return itself) gets a leading ``'`` as
-    OWASP recommends.  Only for text: write numbers as numbers.
+    OWASP recommends.  So does each part of it after a ``;`` or a ``,``
+    (``x;'=cmd``): a spreadsheet set to split on the semicolon (Excel where
+    the comma is the decimal mark, LibreOffice's import with "Semicolon"
+    ticked) made a cell of ``=cmd`` from a name or archive name the CSV
+    writer had left bare (red team, round 17).  Only for text: write numbers
+    as numbers.  At most ``limit`` characters.
     """
     _check_limit(limit - 1)
-    text = plain(s, limit - 1, newlines=False)
+    budget = limit - 1
+    while True:
+        parts = _CSV_SEPARATORS.split(plain(s, budget, newlines=False))
+        first = parts[0]
+        if first.lstrip(" ").startswith(("\t", "\r")) or _starts_formula(first):
+            parts[0] = "'" + first
+        for i in range(2, len(parts), 2):  # (the parts after a separator; the odd ones are separators)
+            if _starts_formula(parts[i]):
+                parts[i] = "'" + parts[i]
+        text = "".join(parts)
+        over = len(text) - limit
+        if over <= 0 or budget - over <= len(CUT):
+            return text[:limit]
+        budget -= over
+
+
+# what a spreadsheet may split a line on besides the CSV writer's own: the semicolon of locales
+# whose decimal mark is the comma, and the comma (where the writer's quotes are not honoured)
+_CSV_SEPARATORS = re.compile(r"([;,])")
+
+
+def _starts_formula(text: str) -> bool:
     head = text.lstrip()
-    if (text.lstrip(" ").startswith(("\t", "\r"))
-            or head and unicodedata.normalize("NFKC", head[0])[:1] in tuple(_CSV_FORMULA)):
-        text = "'" + text
-    return text
+    return bool(head) and unicodedata.normalize("NFKC", head[0])[:1] in tuple(_CSV_FORMULA)
 
 
 def python_source(text: str) -> str:

@@ -160,3 +160,30 @@ def test_the_gradebook_lists_the_whole_roster_with_blanks_for_who_sent_nothing(t
     assert [r[0] for r in _rows((tmp_path / "exports" / "moodle.csv").read_text())[1:]] == ["bob"]
     assert sorted(p.name for p in (tmp_path / "feedback").glob("*.md")) == ["bob.md"]
     assert "alice" in (tmp_path / "report.md").read_text()
+
+
+FORMULA_AFTER_SEPARATORS = "x;=cmd|' /C calc'!A0;=2+3, @SUM(1);+1;﹦2; -3"
+
+
+def _formula_cells(text: str) -> list[str]:
+    """The cells of ``text`` that start a formula, read as a spreadsheet that splits on ``;`` reads it
+    (Excel where the comma is the decimal mark; LibreOffice with "Semicolon" ticked), or on ``,``
+    with the writer's quotes honoured."""
+    found = []
+    for delimiter in (";", ","):
+        for row in csv.reader(io.StringIO(text), delimiter=delimiter):
+            found += [c for c in row if c.lstrip()[:1] in tuple("=+-@﹦＝")]
+    return found
+
+
+def test_no_cell_starts_a_formula_where_a_spreadsheet_splits_on_semicolons(tmp_path):
+    """A name (the roster's, from the platform, which the student may set) or an archive's name (a
+    platform's bulk download keeps the uploaded file's) holding ``;=cmd``: the CSV writer quotes only
+    commas, quotes and line ends, and a spreadsheet splitting on ``;`` made ``=cmd`` a cell of its own
+    (red team, round 17).  Every part after a separator is neutralised, as the cell's start is."""
+    r = _result("s1", D, _full(), archive=f"smith_1234_{FORMULA_AFTER_SEPARATORS}.zip")
+    write_outputs(tmp_path, [r], EX, roster=Roster(("s1",), (FORMULA_AFTER_SEPARATORS,)), assignment="attn")
+    for f in ("gradebook.csv", "exports/canvas.csv", "exports/moodle.csv"):
+        text = (tmp_path / f).read_text()
+        assert "=cmd" in text and "SUM" in text, f  # (what was written is there, as text)
+        assert _formula_cells(text) == [], (f, _formula_cells(text))

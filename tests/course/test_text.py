@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import unicodedata
 
 import pytest
@@ -235,7 +236,18 @@ def test_csv_formula_cells_are_neutralised(s):
     assert _bad_chars(cell, newlines=False) == []
 
 
-@pytest.mark.parametrize("s", ["s1234567", "Alice O'Neil", "3.5 pts", "a=b", "x-1", "name@example.org", ""])
+@pytest.mark.parametrize("s", CSV_FORMULAS, ids=repr)
+@pytest.mark.parametrize("before", ["x;", "x,", "Smith; ", "a,b;c, "])
+def test_csv_formulas_after_a_separator_are_neutralised(s, before):
+    """Read by a spreadsheet that splits on ``;`` (or ``,``, quotes ignored): no part starts a formula."""
+    cell = csv_cell(before + s + ";" + s)
+    for part in re.split("[;,]", cell):
+        assert part.lstrip()[:1] not in tuple("=+-@\uff1d\ufe66\ufe62\ufe63\ufe6b"), (cell, part)
+    assert len(csv_cell(before + s * 300, 50)) <= 50
+
+
+@pytest.mark.parametrize("s", ["s1234567", "Alice O'Neil", "3.5 pts", "a=b", "x-1", "name@example.org", "",
+                               "Smith, Anne-Marie", "Lee; Kim", "a,b"])
 def test_csv_ordinary_cells_are_unchanged(s):
     assert csv_cell(s) == s
 
