@@ -167,4 +167,4 @@ def export_csv(db_url: str, out: Path) -> Export:
         outputs = Outputs(out)
         outputs.write(target, staged.read_bytes())
         outputs.close()
-    return Export(beside(target), True) if outputs.kept else Export(target, False)
+    return Export(beside(out / outputs.kept[0]), True) if outputs.kept else Export(target, False)  # (kept[0]: grades.csv, or its .new)

@@ -33,8 +33,13 @@ def beside(path: Path) -> Path:
 
 
 def is_beside_name(name: str, names: frozenset[str] | set[str]) -> bool:
-    """Whether ``name`` is :func:`beside` one of ``names`` (``report.md.new`` for ``report.md``)."""
-    return name.endswith(".new") and name[:-4] in names
+    """Whether ``name`` is :func:`beside` one of ``names`` (``report.md.new`` for ``report.md``), or
+    beside such a file (``report.md.new.new``: :meth:`Outputs.write`, where ``.new`` was edited too)."""
+    if not name.endswith(".new"):
+        return False
+    while name.endswith(".new"):
+        name = name[:-4]
+    return name in names
 
 
 def _digest(data: bytes) -> str:
@@ -90,15 +95,41 @@ class Outputs:
         if now == new:  # already what it would write (a rerun that changed nothing here): left as it is
             self.written[rel] = new
             return
-        if now is not None and now not in known and (known or self.found):
-            # not what this grader wrote: the instructor's (edited, or written where the grader had not)
+        if self._theirs(rel, now):  # the instructor's (edited, or written where the grader had not)
             if new not in known:  # (the same version as the last run's: nothing new to show)
-                atomic_write(beside(path), data)
-                self.kept.append(rel)
+                self.kept.append(self._beside(path, data, new))
             return
         self._note(rel, new)
         atomic_write(path, data)
         self.written[rel] = new
+
+    def _theirs(self, rel: str, now: str | None) -> bool:
+        """Whether the file at ``rel``, whose digest is ``now`` (None: no file), is the instructor's."""
+        return now is not None and now not in self.known.get(rel, []) and (rel in self.known or self.found)
+
+    def _beside(self, path: Path, data: bytes, new: str) -> str:
+        """This run's version of the kept file ``path``, written :func:`beside` it; the file kept,
+        relative to ``out``, whose :func:`beside` holds it.  A ``.new`` the instructor edited too
+        (the file the last run pointed her at, where she merged) is kept as well, and the version
+        goes beside that one (``report.md.new.new``): rewriting it lost her merge (red team,
+        round 17).  The ledger records the ``.new`` files written, so that the next run knows them."""
+        while True:
+            target = beside(path)
+            rel = target.relative_to(self.out).as_posix()
+            try:
+                now = _digest(target.read_bytes()) if target.is_file() else None
+            except OSError:
+                now = None
+            if now == new:
+                self.written[rel] = new
+                break
+            if now is None or now in self.known.get(rel, []):  # (none, or the grader's: it has a record of it)
+                self._note(rel, new)
+                atomic_write(target, data)
+                self.written[rel] = new
+                break
+            path = target
+        return path.relative_to(self.out).as_posix()
 
     def _note(self, rel: str, digest: str) -> None:
         if self._journal is None:

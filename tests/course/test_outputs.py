@@ -52,3 +52,44 @@ def test_a_folder_graded_before_the_ledger_is_written_as_before(tmp_path):
     out.mkdir()
     (out / "report.md").write_text("from an old version of the grader")
     assert _run(out, {"report.md": "new"}) == [] and (out / "report.md").read_text() == "new"
+
+
+def test_a_new_file_the_instructor_merged_into_is_kept_too(tmp_path):
+    """The run says "this run's version is report.md.new"; the instructor merges there.  The next
+    run overwrote that ``.new`` without a word (red team, round 17): kept now, this run's version
+    beside it, and the run says which file it kept.  A ``.new`` the grader wrote is its own to replace."""
+    out = tmp_path
+    _run(out, {"report.md": "v1\n"})
+    (out / "report.md").write_text("v1 + notes\n")
+    assert _run(out, {"report.md": "v2\n"}) == ["report.md"]
+    assert (out / "report.md.new").read_text() == "v2\n"
+    assert _run(out, {"report.md": "v3\n"}) == ["report.md"]  # (its own .new: replaced)
+    assert (out / "report.md.new").read_text() == "v3\n"
+    (out / "report.md.new").write_text("v3 + merged notes\n")
+    assert _run(out, {"report.md": "v4\n"}) == ["report.md.new"]  # (beside it is this run's version)
+    assert (out / "report.md.new").read_text() == "v3 + merged notes\n"
+    assert (out / "report.md.new.new").read_text() == "v4\n"
+    assert _run(out, {"report.md": "v5\n"}) == ["report.md.new"]
+    assert [(out / n).read_text() for n in ("report.md", "report.md.new", "report.md.new.new")] == [
+        "v1 + notes\n", "v3 + merged notes\n", "v5\n"]
+
+
+def test_a_new_file_of_a_folder_graded_before_it_was_recorded_is_kept(tmp_path):
+    """A ``.new`` the ledger has no record of (written by a grader that did not record them, or by
+    the instructor) is not the grader's to replace."""
+    out = tmp_path
+    _run(out, {"report.md": "v1\n"})
+    (out / "report.md").write_text("v1 + notes\n")
+    (out / "report.md.new").write_text("merged by hand\n")
+    assert _run(out, {"report.md": "v2\n"}) == ["report.md.new"]
+    assert (out / "report.md.new").read_text() == "merged by hand\n"
+    assert (out / "report.md.new.new").read_text() == "v2\n"
+
+
+def test_a_grading_folder_with_new_files_beside_new_files_is_still_the_graders():
+    from attn_course.grade import GRADING_NAMES
+    from attn_course.outputs import is_beside_name
+
+    assert is_beside_name("gradebook.csv.new", GRADING_NAMES) and is_beside_name("gradebook.csv.new.new", GRADING_NAMES)
+    assert not is_beside_name("gradebook.csv", GRADING_NAMES) and not is_beside_name("notes.new", GRADING_NAMES)
+    assert not is_beside_name(".new", GRADING_NAMES)
