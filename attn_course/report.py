@@ -71,7 +71,7 @@ def write_outputs(out: Path, results: list, exercises: list[Exercise], roster=No
         name = result_name(Path(r.archive)).removesuffix(".json")
         write(out / "feedback" / "rejected" / f"{name}.md",
               f"# Not graded: {md_inline(r.archive, 120)}\n\n{md_inline(r.rejected, 600)}\n")
-    write_report(out, results, best, exercises, roster, write)
+    write_report(out, results, best, exercises, roster, write, late)
     outputs.close()
     return outputs.kept
 
@@ -226,8 +226,33 @@ def _review_lines(best: dict) -> list[str]:
     return lines
 
 
+def _late_over_on_time(results: list, best: dict, late: LatePolicy | None) -> list[str]:
+    """The report's list of students whose counted archive came after the deadline though an earlier
+    archive of theirs was on time: for a person to look at.  The archive made last counts, late or not
+    (a student may improve on her work after the deadline and take the penalty); but one she sealed
+    and never handed in, handed in late by someone who had the file, counts so too (red team, round
+    17: the grader cannot tell the two apart; the platform's record of who uploaded it can)."""
+    if late is None:
+        return []
+    out = []
+    for sid in sorted(best):
+        counted = best[sid]
+        days = late.lateness(counted.received).days
+        on_time = sorted(r.archive for r in results if r.student_id == sid and not r.rejected
+                         and late.lateness(r.received).days == 0)
+        if days and on_time:
+            out.append(f"* {md_inline(sid, 64)}: counted {md_inline(counted.archive, 120)}, {days} day(s) late; "
+                       f"on time: " + ", ".join(md_inline(a, 120) for a in on_time[:5])
+                       + (f" and {len(on_time) - 5} more" if len(on_time) > 5 else ""))
+    if not out:
+        return []
+    return ["", "## Counted late though an earlier archive was on time (check who handed it in)", "",
+            "The archive made last counts.  Check on the learning platform that the student handed the late "
+            "one in herself: anyone who has a copy of an archive she sealed can hand it in.", ""] + out
+
+
 def write_report(out: Path, results: list, best: dict, exercises: list[Exercise], roster=None,
-                 write: Callable[[Path, str | bytes], None] = atomic_write) -> None:
+                 write: Callable[[Path, str | bytes], None] = atomic_write, late: LatePolicy | None = None) -> None:
     from .class_stats import mistake_counts, totals
 
     rejected = [r for r in results if r.rejected]
@@ -265,6 +290,7 @@ def write_report(out: Path, results: list, best: dict, exercises: list[Exercise]
             names = sorted((r.received, r.archive) for r in results if r.student_id == sid and not r.rejected)
             lines.append(f"* {md_inline(sid, 64)}: " + ", ".join(md_inline(a, 120) for _, a in names)
                          + f" — counted: {md_inline(best[sid].archive, 120)}")
+    lines += _late_over_on_time(results, best, late)
     if roster is not None:
         missing = [s for s in roster.ids if s not in best]
         if missing:

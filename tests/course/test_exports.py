@@ -17,6 +17,7 @@ from attn_course.late import DAY_S, LatePolicy, LatePolicyError
 from attn_course.registry import select
 from attn_course.report import write_outputs
 from attn_course.results import ArchiveResult
+from attn_course.text import md_inline
 
 EX = select("3")
 D = datetime(2026, 12, 1, 23, 59, tzinfo=timezone.utc).timestamp()
@@ -187,3 +188,25 @@ def test_no_cell_starts_a_formula_where_a_spreadsheet_splits_on_semicolons(tmp_p
         text = (tmp_path / f).read_text()
         assert "=cmd" in text and "SUM" in text, f  # (what was written is there, as text)
         assert _formula_cells(text) == [], (f, _formula_cells(text))
+
+
+def test_a_counted_archive_that_came_late_though_an_earlier_was_on_time_is_listed_for_review(tmp_path):
+    """The archive made last counts; one she sealed after her final one and never handed in, handed in
+    late by a classmate who had the file, counts so too, and makes her late (red team, round 17).  The
+    grader cannot tell that from a late improvement she handed in herself: the report lists it."""
+    def sealed(sid, archive, received, at, scores):
+        r = _result(sid, received, scores, archive=archive)
+        r.submission, r.sealed_at = f"{archive}-manifest", at
+        return r
+    results = [sealed("vera", "vera_111_final.zip", D - 3600, D - 4 * 3600, _full()),
+               sealed("vera", "mallory_222_vera-draft.zip", D + 3 * DAY_S, D - 3 * 3600, {e.id: 0.0 for e in EX}),
+               sealed("walt", "walt_late.zip", D + DAY_S, D + DAY_S - 60, _full()),  # late, and only late
+               sealed("xena", "xena_1.zip", D - 7200, D - 7300, _full()), sealed("xena", "xena_2.zip", D - 60, D - 120, _full())]
+    write_outputs(tmp_path, results, EX, late=LatePolicy(D, penalty_per_day=0.2), assignment="attn")
+    report = (tmp_path / "report.md").read_text()
+    section = report.split("## Counted late though an earlier archive was on time", 1)[1].split("\n## ", 1)[0]
+    assert "vera" in section and md_inline("mallory_222_vera-draft.zip", 120) in section, section
+    assert "3 day(s) late" in section and md_inline("vera_111_final.zip", 120) in section, section
+    assert "walt" not in section and "xena" not in section
+    write_outputs(tmp_path / "no-policy", results, EX, assignment="attn")
+    assert "Counted late" not in (tmp_path / "no-policy" / "report.md").read_text()
