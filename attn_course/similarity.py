@@ -350,6 +350,20 @@ def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: P
     return found
 
 
+CUT_MODULES_SHOWN = 5  # of one student's modules that a cap cut, named in the report (the rest counted)
+
+
+def cut_by_student(cut: list[Cut]) -> list[tuple[str, list[str]]]:
+    """The code a cap cut, a line per student (in the students' order), each with its modules: one
+    archive of a couple of hundred files each cut is one line, not :data:`MAX_SHOWN` of them that
+    pushed the other students' out of the report (red team, round 17: a classmate's padded module,
+    the only lead to a copy hidden past the cap, went unnamed)."""
+    by: dict[str, list[str]] = {}
+    for c in cut:
+        by.setdefault(c.student, []).append(c.module)
+    return list(by.items())
+
+
 CUT_WHY = (f"More code than the report compares (over {MAX_LINES:,} lines or {MAX_CODE:,} characters of "
            f"code beyond the stub in a file, or {MAX_WHOLE:,} in all; comments and blank lines do not "
            "count): only the first part was compared, and a copy after it would not be found.  Look "
@@ -384,9 +398,12 @@ def report_markdown(rep: SimilarityReport) -> str:
             lines.append(f"* {md_inline(g.module, 80)}: {len(g.students)} students: {names}{more}")
     if rep.cut:
         lines += ["", "## Code not compared in full", "", CUT_WHY, ""]
-        lines += [f"* {md_inline(c.student, 64)}: {md_inline(c.module, 80)}" for c in rep.cut[:MAX_SHOWN]]
-        if len(rep.cut) > MAX_SHOWN:
-            lines.append(f"* ... and {len(rep.cut) - MAX_SHOWN} more")
+        cut = cut_by_student(rep.cut)
+        lines += [f"* {md_inline(sid, 64)}: " + ", ".join(md_inline(m, 80) for m in modules[:CUT_MODULES_SHOWN])
+                  + (f" and {len(modules) - CUT_MODULES_SHOWN} more" if len(modules) > CUT_MODULES_SHOWN else "")
+                  for sid, modules in cut[:MAX_SHOWN]]
+        if len(cut) > MAX_SHOWN:
+            lines.append(f"* ... and {len(cut) - MAX_SHOWN} more students")
     if rep.skipped:
         lines += ["", "## Archives not compared", ""] + [f"* {md_inline(s, 300)}" for s in rep.skipped[:200]]
     return "\n".join(lines) + "\n"
@@ -461,8 +478,13 @@ def report_html(rep: SimilarityReport) -> str:
         parts.append("</ul>")
     if rep.cut:
         parts.append(f"<h2 id='cut'>Code not compared in full</h2><p>{html.escape(CUT_WHY)}</p><ul>")
-        parts += [f"<li>{html.escape(plain(c.student, 64))}: {html.escape(plain(c.module, 80))}</li>"
-                  for c in rep.cut[:MAX_SHOWN]]
+        cut = cut_by_student(rep.cut)
+        parts += [f"<li>{html.escape(plain(sid, 64))}: "
+                  f"{html.escape(', '.join(plain(m, 80) for m in modules[:CUT_MODULES_SHOWN]))}"
+                  + (f" and {len(modules) - CUT_MODULES_SHOWN} more" if len(modules) > CUT_MODULES_SHOWN else "")
+                  + "</li>" for sid, modules in cut[:MAX_SHOWN]]
+        if len(cut) > MAX_SHOWN:
+            parts.append(f"<li>... and {len(cut) - MAX_SHOWN} more students</li>")
         parts.append("</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)

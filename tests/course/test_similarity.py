@@ -274,3 +274,17 @@ def test_only_statements_that_do_nothing_are_left_out():
     from attn_course.similarity import code_lines
 
     assert code_lines('S\n"doc"\n"a" "b"\npass\n...\nx = 1; ...\ny = "s"\n') == ["S", "x = 1", 'y = "s"']
+
+
+def test_one_archive_of_many_cut_files_does_not_push_the_others_out_of_the_cut_list():
+    """Two hundred one-line files, each cut once one archive's reading budget is spent, were two hundred
+    entries of the list, and a classmate's padded module (the only lead to a copy hidden past the cap)
+    went unnamed (red team, round 17): a line per student now, in the report and the HTML view."""
+    from attn_course.similarity import CUT_MODULES_SHOWN, MAX_SHOWN, Cut, SimilarityReport, report_html, report_markdown
+
+    cut = [Cut("aaron", f"attn_tensors/pad{k:03d}.py") for k in range(MAX_SHOWN + 50)] + [Cut("zoe", MODULE)]
+    rep = SimilarityReport(students=2, modules=1, threshold=0.6, cut=cut)
+    md, page = report_markdown(rep), report_html(rep)
+    for text in (md, page):
+        assert "zoe" in text and "statmech" in text, text[-500:]
+        assert text.count("pad0") == CUT_MODULES_SHOWN and f"and {MAX_SHOWN + 50 - CUT_MODULES_SHOWN} more" in text
