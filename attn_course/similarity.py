@@ -342,7 +342,9 @@ def class_codes(submissions: Path, results: list[ArchiveResult], stub_library: P
                     found.skipped.append(f"{r.archive}: {name.removesuffix(ANSWERS)} is not a readable notebook")
         extra = {m: read(sub.files[m].decode("utf-8", "replace"), "") for m in sorted(sub.files)
                  if m.startswith("attn_tensors/") and m not in stubs}
-        whole = "\n".join([c.text for _, c in sorted(own.items())] + [c.text for c in extra.values()])
+        # (the modules with code of the student's own only: an empty one was a leading line end, which
+        # copydetect's lexer drops, and every highlight of the whole was that many characters early)
+        whole = "\n".join(t for t in [c.text for _, c in sorted(own.items())] + [c.text for c in extra.values()] if t)
         found.codes[sid] = {m: c.text for m, c in own.items()} | {WHOLE: whole[:MAX_WHOLE]}
         found.cut += [Cut(sid, m) for m, c in sorted((own | extra).items()) if c.cut]
         if len(whole) > MAX_WHOLE:

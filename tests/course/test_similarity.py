@@ -134,6 +134,14 @@ def test_a_copy_moved_to_another_module_or_a_new_file_is_found(tmp_path):
     assert ("ada", "bea", MODULE) in pairs and ("ada", "bea", WHOLE) not in pairs, pairs
     for a, b in (("ada", "eve"), ("ada", "fay"), ("bea", "eve"), ("bea", "fay")):
         assert (a, b, WHOLE) in pairs, (a, b, pairs)
+    # the view's highlights are where the copy is: the whole's code starts with code (a module with none
+    # of the student's own was a leading line end, which the lexer dropped: every highlight came early)
+    for p in rep.pairs:
+        for who, slices in ((p.a, p.slices_a), (p.b, p.slices_b)):
+            code = rep.code[(who, p.module)]
+            assert slices and not code.startswith("\n"), (who, p.module, code[:40])
+            for start, end in slices:
+                assert code[start:end].strip() and not code[start:end].startswith("\n"), (who, p.module, code[start:end][:40])
     assert not any("cy" in (p.a, p.b) for p in rep.pairs), pairs
     assert rep.modules == len(STUB)
 
