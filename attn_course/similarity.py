@@ -29,7 +29,9 @@ seen.  That code is normalised
 ``filter_code``), cut into k-grams and winnowed (Schleimer, Wilkerson and
 Aiken 2003; ``copydetect``).  A pair's similarity in a module is, for each of
 the two, the share of its fingerprinted tokens found in the other's; the
-pair is listed when the larger of the two reaches the threshold.  A
+pair is listed when the larger of the two reaches the threshold.  Pairs are
+also found statement by statement, in order (:mod:`attn_course.statements`):
+a copy interleaved with statements of its own shares no k-gram across them.  A
 fingerprint that more than ``common`` of the class share (default: 10% of
 the students, at least 10) is common knowledge and ignored, and candidate
 pairs come from an index of fingerprints, so a class of thousands costs about
@@ -58,6 +60,7 @@ from .archive import Rejected, library_files, read_submission
 from .notebook_cells import answer_cells
 from .outputs import Outputs, beside
 from .results import ArchiveResult, latest_by_student
+from .statements import statement_matches
 from .text import CUT, md_inline, plain, python_source, terminal
 from .workspace import ASSIGNMENT
 
@@ -298,6 +301,12 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
                 report.pairs.append(Pair(a, b, module, float(sa), float(sb), int(tokens),
                                          tuple(zip(map(int, la[0]), map(int, la[1]))),
                                          tuple(zip(map(int, lb[0]), map(int, lb[1])))))
+        # and statement by statement, in order: a copy interleaved with statements of its own shares no
+        # k-gram across them (red team, round 17: attn_course.statements)
+        listed = {(p.a, p.b) for p in report.pairs if p.module == module}
+        for m in statement_matches(written, stub, threshold, common, listed):
+            report.code[(m.a, module)], report.code[(m.b, module)] = written[m.a], written[m.b]
+            report.pairs.append(Pair(m.a, m.b, module, m.share_a, m.share_b, m.characters, m.slices_a, m.slices_b))
     by_module = {(p.a, p.b) for p in report.pairs if p.module != WHOLE}
     report.pairs = [p for p in report.pairs if p.module != WHOLE or (p.a, p.b) not in by_module]
     report.pairs.sort(key=lambda p: (-p.similarity, p.module, p.a, p.b))
