@@ -68,7 +68,7 @@ WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "regist
                   "inline_where.py", "warm.py", "seccomp.py", "tamper.py", "watch.py")
 _STAGED: dict[str, str] = {}
 # beside the staged modules: the stub release's own modules, compiled (:func:`_stage_release_bytecode`)
-RELEASE_BYTECODE = "release_pyc"
+RELEASE_BYTECODE = "release_pyc"  # (where attn_course.watch.RELEASE_BYTECODE finds it, beside the staged modules)
 
 
 def _stage_release_bytecode(dest: Path) -> None:

@@ -346,6 +346,31 @@ def foreign_code() -> Callable[[], str]:
     return check
 
 
+# the stub release's modules compiled, beside this module in the sandbox's copy of the course (staged
+# by attn_course.sandbox._stage_release_bytecode, placed in each job's package by
+# attn_course.worker.place_release_bytecode); absent where the course runs from its own folder
+RELEASE_BYTECODE = Path(__file__).resolve().parent / "release_pyc"
+_RELEASE_CODE: list[frozenset] = []
+
+
+def release_code() -> frozenset:
+    """The code of the stub release's compiled modules, as the import system hands it to
+    ``marshal.loads`` (the file past its 16-byte header): a job's loading exactly these bytes is the
+    release's module imported, not code of the job's making (:func:`watch_runs`).  Read once a
+    process (the server reads it before its template forks)."""
+    if not _RELEASE_CODE:
+        found = set()
+        for path in sorted(RELEASE_BYTECODE.rglob("*.pyc")) if RELEASE_BYTECODE.is_dir() else ():
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if len(data) > 16:
+                found.add(data[16:])
+        _RELEASE_CODE.append(frozenset(found))
+    return _RELEASE_CODE[0]
+
+
 def note_functions() -> None:
     """Holds every function the collector sees now: they existed before any job
     (:func:`watch_code_swaps`).  The server notes them before it freezes what it imported (the
@@ -533,6 +558,16 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     # the hook busy hide the main one's calls)
 
     frame_attributes, frame_type = FRAME_ATTRIBUTES, types.FrameType
+    release, release_sizes = release_code(), frozenset(len(code) for code in release_code())
+
+    def released(data) -> bool:
+        """Whether ``data`` (what ``marshal.loads`` was given) is a release module's code: bytes or a
+        memoryview (neither can be subclassed into running the job's code here), compared by value."""
+        if _type(data) is memoryview:
+            if data.nbytes not in release_sizes:
+                return False
+            data = data.tobytes()
+        return _type(data) is bytes and _len(data) in release_sizes and data in release
     run_source, read_name = _stdlib_files(RUN_CALLERS_SOURCE), _stdlib_files(READ_CALLERS_NAME)
     hand_outs = frozenset((name, path) for name, module in HANDS_OUT_FRAMES for path in _stdlib_files((module,)))
     proc, fsdecode, creates = stat("/proc/self").st_dev, os.fsdecode, os.O_CREAT
@@ -644,6 +679,9 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     def hook(event: str, args: tuple) -> None:
         if event == "object.__setattr__" and not (_len(args) > 1 and args[1] in code_attributes):
             return
+        if event == "marshal.loads" and args and released(args[0]):
+            return  # the stub release's module, as the server placed it beside the job's (its bytes: where
+            # it lies is the job's to choose; red team, round 18: every honest job was flagged)
         refusal = native(event, args) if event in native_events else ""
         if event == "import" and not refusal:
             return

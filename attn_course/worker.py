@@ -786,12 +786,7 @@ def _write_package(files: dict[str, str], dest: Path) -> None:
         target.write_text(source, encoding="utf-8")  # (Python source is UTF-8, PEP 3120)
 
 
-# the stub release's modules compiled, beside this module in the sandbox's copy of the course
-# (:func:`attn_course.sandbox.worker_course`); absent where the course runs from its own folder
-RELEASE_BYTECODE = Path(__file__).resolve().parent / "release_pyc"
-
-
-def place_release_bytecode(files: dict[str, str], dest: Path, staged: Path = RELEASE_BYTECODE) -> list[str]:
+def place_release_bytecode(files: dict[str, str], dest: Path, staged: Path = watch.RELEASE_BYTECODE) -> list[str]:
     """Where a module of ``files`` (written under ``dest``) is the stub release's byte for byte, the
     release's compiled module (``staged``) is put where the import system looks for it; the names.
 
@@ -1422,6 +1417,7 @@ def serve(scratch: str, confined: bool = False, own_user: bool = False) -> int:
     all_exercises()
     warm.prime()
     watch.note_functions()  # (what a job may not change the code of: the collector sees them now only)
+    watch.release_code()  # (read here, once: each job's watch knows the release's compiled modules)
     # what is imported lives as long as the server: out of the collector's sight (its own and its
     # children's: a job's collections no longer walk JAX's modules)
     gc.freeze()

@@ -19,7 +19,8 @@ from attn_course import RELEASE_LIBRARY, ROOT
 from attn_course.runner import package_files
 from attn_course.sandbox import _stage_release_bytecode
 from attn_course.worker import _write_package, place_release_bytecode
-from tests.course.server_jobs import fresh_server, package, spy
+from attn_course.runner import run_and_grade
+from tests.course.server_jobs import SLOW, _expected, fresh_server, package, spy
 
 # Imports the package under the folder argv[1] as a job does (-B: no bytecode written), with each
 # module compiled from source recorded: what was compiled, and each module's code file name.
@@ -92,7 +93,13 @@ def test_a_job_on_a_server_runs_its_own_module_where_it_differs_and_the_release_
              "        raise RuntimeError('no bytecode beside _checks.py')\n"
              "    return _honest(A, mask)\n")
     with fresh_server(96) as server:
-        assert spy(server, package(tmp_path, looks)) == []
+        ran: list = []
+        ex, cases, expected = _expected("3.2", False, "")
+        graded = run_and_grade(server, package(tmp_path, looks), [(ex, cases, expected)], False, set(), SLOW, ran=ran)
+        assert [c.message for c in graded["3.2"] if not c.passed] == []
+        # loading the release's code is not code of the job's making (red team, round 18: the watch
+        # flagged every honest job "code objects", and a job's own later such code hid behind it)
+        assert ran == [], ran
         own = package(tmp_path, "", "own")
         own["attn_tensors/_checks.py"] += "\nraise RuntimeError('the checks of its own')\n"
         failed = spy(server, own)

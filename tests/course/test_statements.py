@@ -67,3 +67,14 @@ def test_independent_or_reordered_code_and_a_few_common_lines_make_no_pair():
     pairs, _ = _pairs({"ada": REFERENCE, "bea": "\n".join(shuffled), "cy": few + "\n" + other})
     assert ("ada", "bea") not in pairs or pairs[("ada", "bea")].similarity < 1.0  # (k-grams may still find it)
     assert ("ada", "cy") not in pairs, pairs
+
+
+def test_hostile_statements_are_read_in_one_pass():
+    """A quote that no quote closes, escaped quotes by the hundred thousand: each string is one token,
+    an open one running to the line's end (a first draft of the tokenizer rescanned from every quote,
+    quadratic: 100,000 characters held it for minutes; a regression hangs here)."""
+    n = 100_000
+    assert normalised('"\\' * n) == "S" and normalised('"\\' * n + "\\") == "S"
+    assert normalised("'''\\" * n) == "S" and normalised('x = "open') == "V=S"
+    assert normalised('"a' * n) == "SV" * (n // 2) and normalised("a\"\\" * n).startswith("VS")
+    assert normalised("x = f(" + ", ".join(f"a{i}=b{i}" for i in range(n)) + ")").count("=V") == n + 1  # (x = too)
