@@ -107,6 +107,9 @@ def main() -> int:
         per_worker[worker.get(f, "?")] += seconds
     summary = next((ln for ln in reversed(lines) if " passed" in ln or " failed" in ln), "(no summary)")
     print(f"suite without the book, {a.workers} workers: {summary.strip('= ')}")
+    failed = [ln for ln in lines if ln.startswith("FAILED ") or ln.startswith("ERROR ")]
+    for ln in failed:  # (a run's figures are of a suite that passed: say which did not)
+        print(f"  {ln}")
     print(f"  wall {wall:.1f} s; tests' durations summed {sum(per_file.values()):.0f} s"
           f" ({', '.join(f'{w} {t:.0f} s' for w, t in sorted(per_worker.items()))})")
     if cpu is not None:
@@ -136,7 +139,6 @@ def main() -> int:
         path.write_text(json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n")
         print(f"recorded {len(per_file)} files' times in {path.relative_to(ROOT)}")
     if a.load:
-        failed = [ln for ln in lines if ln.startswith("FAILED ") or ln.startswith("ERROR ")]
         print(f"under the load of {a.load} busy processes: {len(failed)} failed" + "".join(f"\n  {ln}" for ln in failed))
         print("target: not judged under --load (the verdict is what counts)")
         return r.returncode
