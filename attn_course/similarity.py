@@ -303,10 +303,16 @@ def compare_class(codes: dict[str, dict[str, str]], stubs: dict[str, str], thres
                                          tuple(zip(map(int, lb[0]), map(int, lb[1])))))
         # and statement by statement, in order: a copy interleaved with statements of its own shares no
         # k-gram across them (red team, round 17: attn_course.statements)
-        listed = {(p.a, p.b) for p in report.pairs if p.module == module}
-        for m in statement_matches(written, stub, threshold, common, listed):
-            report.code[(m.a, module)], report.code[(m.b, module)] = written[m.a], written[m.b]
-            report.pairs.append(Pair(m.a, m.b, module, m.share_a, m.share_b, m.characters, m.slices_a, m.slices_b))
+        # (of the two ways, a pair is listed with the higher figure: the copy's own, the other diluted by its junk)
+        listed = {(p.a, p.b): i for i, p in enumerate(report.pairs) if p.module == module}
+        for m in statement_matches(written, stub, threshold, common):
+            found = Pair(m.a, m.b, module, m.share_a, m.share_b, m.characters, m.slices_a, m.slices_b)
+            i = listed.get((m.a, m.b))
+            if i is None:
+                report.code[(m.a, module)], report.code[(m.b, module)] = written[m.a], written[m.b]
+                report.pairs.append(found)
+            elif found.similarity > report.pairs[i].similarity:
+                report.pairs[i] = found
     by_module = {(p.a, p.b) for p in report.pairs if p.module != WHOLE}
     report.pairs = [p for p in report.pairs if p.module != WHOLE or (p.a, p.b) not in by_module]
     report.pairs.sort(key=lambda p: (-p.similarity, p.module, p.a, p.b))

@@ -104,11 +104,10 @@ def statements(code: str) -> list[Statement]:
     return out
 
 
-def statement_matches(codes: dict[str, str], stub: str, threshold: float, common: int,
-                      skip: set[tuple[str, str]] = frozenset()) -> list[StatementMatch]:
+def statement_matches(codes: dict[str, str], stub: str, threshold: float, common: int) -> list[StatementMatch]:
     """The pairs of ``codes`` (student -> code, in the students' order) whose statements in common,
-    in order, reach ``threshold`` of either one's (and :data:`MIN_STATEMENTS`); not those of ``skip``.
-    Candidate pairs come from an index of statements, as the k-grams' do."""
+    in order, reach ``threshold`` of either one's (and :data:`MIN_STATEMENTS`).  Candidate pairs come
+    from an index of statements, as the k-grams' do."""
     boiler = {s.text for s in statements(stub)}
     seqs = {sid: [s for s in statements(code) if s.text not in boiler] for sid, code in codes.items()}
     seqs = {sid: seq for sid, seq in seqs.items() if len(seq) >= MIN_STATEMENTS}
@@ -124,7 +123,7 @@ def statement_matches(codes: dict[str, str], stub: str, threshold: float, common
             shared[(a, b)] += 1
     out = []
     for (a, b), k in sorted(shared.items()):
-        if k < MIN_STATEMENTS or (a, b) in skip:
+        if k < MIN_STATEMENTS:
             continue
         sa = [s for s in seqs[a] if students[s.text] <= common]
         sb = [s for s in seqs[b] if students[s.text] <= common]

@@ -13,13 +13,13 @@ STUB = (RELEASE_LIBRARY / MODULE).read_text()
 REFERENCE = student_code((ROOT / MODULE).read_text(), STUB)  # the reference's own code: many statements
 
 
-def _interleaved(code: str, junk: list[str], seed: int = 0) -> str:
-    """``code`` with a statement of ``junk`` after each of its own that does not open a block."""
+def _interleaved(code: str, junk: list[str], seed: int = 0, every: int = 1) -> str:
+    """``code`` with a statement of ``junk`` after every ``every``-th of its own that does not open a block."""
     rng = random.Random(seed)
     out = []
-    for line in code.split("\n"):
+    for k, line in enumerate(code.split("\n")):
         out.append(line)
-        if not line.rstrip().endswith(":"):
+        if not line.rstrip().endswith(":") and k % every == 0:
             out.append(line[: len(line) - len(line.lstrip())] + rng.choice(junk))
     return "\n".join(out)
 
@@ -49,6 +49,9 @@ def test_a_copy_interleaved_with_statements_of_its_own_is_found():
     pairs, rep = _pairs({"ada": REFERENCE, "bea": copy})
     p = pairs[("ada", "bea")]
     assert p.similarity_a == 1.0 and p.similarity >= 0.6, p
+    # at a threshold the k-grams reach too, the pair is listed with the copy's own figure, not the diluted one
+    padded = _interleaved(REFERENCE, ["_k = 0"], every=2)  # (the k-grams find this one, at 0.89)
+    assert _pairs({"ada": REFERENCE, "bea": padded}, threshold=0.3)[0][("ada", "bea")].similarity_a == 1.0
     # the view highlights whole statements of each: the copied ones in bea's code, none of the junk
     assert all("_k" not in rep.code[("bea", MODULE)][s:e] and "_scratch" not in rep.code[("bea", MODULE)][s:e]
                for s, e in p.slices_b)
