@@ -105,7 +105,8 @@ class Outputs:
 
     def _theirs(self, rel: str, now: str | None) -> bool:
         """Whether the file at ``rel``, whose digest is ``now`` (None: no file), is the instructor's."""
-        return now is not None and now not in self.known.get(rel, []) and (rel in self.known or self.found)
+        known = self.known.get(rel, [])
+        return now is not None and now not in known and (bool(known) or self.found)
 
     def _beside(self, path: Path, data: bytes, new: str) -> str:
         """This run's version of the kept file ``path``, written :func:`beside` it; the file kept,

@@ -234,16 +234,19 @@ def _late_over_on_time(results: list, best: dict, late: LatePolicy | None) -> li
     17: the grader cannot tell the two apart; the platform's record of who uploaded it can)."""
     if late is None:
         return []
+    on_time: dict[str, list[str]] = {}  # each student's accepted archives received on time
+    for r in results:
+        if r.student_id and not r.rejected and late.lateness(r.received).days == 0:
+            on_time.setdefault(r.student_id, []).append(r.archive)
     out = []
     for sid in sorted(best):
         counted = best[sid]
         days = late.lateness(counted.received).days
-        on_time = sorted(r.archive for r in results if r.student_id == sid and not r.rejected
-                         and late.lateness(r.received).days == 0)
-        if days and on_time:
+        early = sorted(on_time.get(sid, []))
+        if days and early:
             out.append(f"* {md_inline(sid, 64)}: counted {md_inline(counted.archive, 120)}, {days} day(s) late; "
-                       f"on time: " + ", ".join(md_inline(a, 120) for a in on_time[:5])
-                       + (f" and {len(on_time) - 5} more" if len(on_time) > 5 else ""))
+                       f"on time: " + ", ".join(md_inline(a, 120) for a in early[:5])
+                       + (f" and {len(early) - 5} more" if len(early) > 5 else ""))
     if not out:
         return []
     return ["", "## Counted late though an earlier archive was on time (check who handed it in)", "",

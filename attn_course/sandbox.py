@@ -67,8 +67,6 @@ COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and not
 WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py",
                   "inline_where.py", "warm.py", "seccomp.py", "tamper.py", "watch.py")
 _STAGED: dict[str, str] = {}
-# beside the staged modules: the stub release's own modules, compiled (:func:`_stage_release_bytecode`)
-RELEASE_BYTECODE = "release_pyc"  # (where attn_course.watch.RELEASE_BYTECODE finds it, beside the staged modules)
 
 
 def _stage_release_bytecode(dest: Path) -> None:
@@ -78,7 +76,7 @@ def _stage_release_bytecode(dest: Path) -> None:
 
     A student's submission changes the modules of their exercises; the others stay the release's,
     byte for byte (a chapter-3 job imports seven modules, three of them the release's), and a job
-    compiled them again from source, about a twentieth of its CPU time.  The release is public:
+    compiled them again from source (about 5 ms of a job's child, measured).  The release is public:
     nothing here is the reference's or the grader's."""
     from . import RELEASE_LIBRARY
 
@@ -107,7 +105,9 @@ def worker_course() -> str:
         for spec in sorted((source / "specs").glob("*.py")):
             if spec.name != "proposed.py":
                 shutil.copyfile(spec, dest / "specs" / spec.name)
-        _stage_release_bytecode(dest / RELEASE_BYTECODE)
+        from .watch import RELEASE_BYTECODE  # (where a job's watch reads them: beside the staged modules)
+
+        _stage_release_bytecode(dest / RELEASE_BYTECODE.name)
         for path in [dest / "specs", dest]:
             for f in path.glob("*.py"):
                 # compiled here, beside the copy: a server (``-B``, a read-only folder) would

@@ -558,7 +558,8 @@ def watch_runs(package: Path, fd: int) -> Callable[[str], str]:
     # the hook busy hide the main one's calls)
 
     frame_attributes, frame_type = FRAME_ATTRIBUTES, types.FrameType
-    release, release_sizes = release_code(), frozenset(len(code) for code in release_code())
+    release = release_code()
+    release_sizes = frozenset(len(code) for code in release)
 
     def released(data) -> bool:
         """Whether ``data`` (what ``marshal.loads`` was given) is a release module's code: bytes or a

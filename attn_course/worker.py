@@ -791,7 +791,7 @@ def place_release_bytecode(files: dict[str, str], dest: Path, staged: Path = wat
     release's compiled module (``staged``) is put where the import system looks for it; the names.
 
     The job then loads it instead of compiling that source (a chapter-3 job compiled seven
-    modules, three of them the release's, about 10 ms of its CPU time).  The bytecode is checked by
+    modules, three of them the release's: about 5 ms of its child's CPU time).  The bytecode is checked by
     the hash of its source (PEP 552), here and again by Python as it imports: a module that differs
     in one byte is compiled from its own source, as before.  The code's file names are the job's
     (the import system sets them to the source's path as it loads), so the job's own code is as

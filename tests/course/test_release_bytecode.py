@@ -16,10 +16,9 @@ import subprocess
 import sys
 
 from attn_course import RELEASE_LIBRARY, ROOT
-from attn_course.runner import package_files
+from attn_course.runner import package_files, run_and_grade
 from attn_course.sandbox import _stage_release_bytecode
 from attn_course.worker import _write_package, place_release_bytecode
-from attn_course.runner import run_and_grade
 from tests.course.server_jobs import SLOW, _expected, fresh_server, package, spy
 
 # Imports the package under the folder argv[1] as a job does (-B: no bytecode written), with each
