@@ -64,6 +64,10 @@ class Exercise:
     atol: float = 1e-12
     hint: str = ""
     tol_mlx: tuple[float, float] | None = None  # least (rtol, atol) on MLX (default: scoring.MLX_TOLERANCE)
+    # On JAX the job only traces the function, and a process that never ran the submission
+    # differentiates and runs what it traced (attn_course.replay); False: the probe runs in the job
+    # (an exercise whose probe takes no derivative with JAX and watches each call as it is made)
+    traced: bool = True
 
     @property
     def chapter(self) -> int:

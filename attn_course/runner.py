@@ -12,8 +12,10 @@ clean (or new) server.  Comparing and scoring is :mod:`attn_course.scoring`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -63,9 +65,97 @@ class Ran:
     line: int
 
 
-def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, list[Outcome] | Ran | None] | None:
+@dataclass
+class Staged:
+    """An exercise whose job traced its cases (:func:`attn_course.worker.record_job`): the outcome of
+    each case that failed as it was traced (None for a case recorded), and what an evaluation job
+    needs for the rest (the programs, and the recorded cases in order)."""
+
+    outcomes: list[Outcome | None]
+    programs: dict
+    records: list[dict]
+
+    @property
+    def recorded(self) -> list[int]:
+        return [i for i, o in enumerate(self.outcomes) if o is None]
+
+    def merged(self, evaluated: list[Outcome]) -> list[Outcome]:
+        """Every case's outcome: the evaluation job's for the recorded cases (one for all of them
+        where it failed as a whole), the job's own for the others."""
+        if len(evaluated) != len(self.recorded):
+            return evaluated  # (one failure for the whole exercise: a crash, a limit)
+        found = iter(evaluated)
+        return [o if o is not None else next(found) for o in self.outcomes]
+
+
+class Evaluated:
+    """What evaluation jobs gave, by what they evaluated: an exercise's recorded programs and calls
+    and its cases' inputs.  The evaluation runs none of a submission's code, only those programs
+    (with the probes, the same for all), so two archives whose functions traced to the same
+    programs get the same outcomes: a class's many equal solutions are evaluated once.  Kept in
+    this process only, for the most recent :data:`SIZE` exercises."""
+
+    SIZE = 2048
+
+    def __init__(self) -> None:
+        self._outcomes: OrderedDict[str, list[Outcome]] = OrderedDict()
+
+    @staticmethod
+    def key(ex_id: str, staged: Staged, cases: list[Case]) -> str:
+        inputs = [values.encode(cases[i].inputs) for i in staged.recorded]
+        text = json.dumps([ex_id, staged.programs, staged.records, inputs], sort_keys=True, allow_nan=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def get(self, key: str) -> list[Outcome] | None:
+        found = self._outcomes.get(key)
+        if found is not None:
+            self._outcomes.move_to_end(key)
+        return found
+
+    def put(self, key: str, outcomes: list[Outcome]) -> None:
+        self._outcomes[key] = outcomes
+        self._outcomes.move_to_end(key)
+        while len(self._outcomes) > self.SIZE:
+            self._outcomes.popitem(last=False)
+
+
+EVALUATED = Evaluated()
+
+
+# a job's failures of a case as it was traced (never "ok": a value comes from an evaluation job only)
+TRACED_FAILURES = ("raised", "not_implemented", "bad_value", "tampered")
+
+
+def _staged(obj: dict, n: int) -> Staged | list[Outcome]:
+    """A job's ``{"id", "staged"}`` line's data, checked: a case is recorded calls or a failure."""
+    data = obj["staged"]
+    unreadable = [Outcome.failure("bad_value", "an unreadable result")]
+    if not isinstance(data, dict) or not isinstance(data.get("programs"), dict):
+        return unreadable
+    cases = data.get("cases")
+    if not isinstance(cases, list) or len(cases) != n:
+        return unreadable
+    outcomes: list[Outcome | None] = []
+    records = []
+    for c in cases:
+        if isinstance(c, dict) and c.get("status") == "staged":
+            outcomes.append(None)
+            records.append(c)
+            continue
+        try:
+            o = Outcome.from_dict(values.decode(c))
+        except Exception:  # noqa: BLE001 - malformed data from the job is that case's failure
+            o = unreadable[0]
+        outcomes.append(o if o.status in TRACED_FAILURES else unreadable[0])
+    if not records:
+        return [o for o in outcomes if o is not None]
+    return Staged(outcomes, data["programs"], records)
+
+
+def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, list[Outcome] | Ran | Staged | None] | None:
     """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes),
-    ("watch", key, None), ("ran", "", :class:`Ran`) or ("swapped", name, None); None if it is not one.
+    ("watch", key, None), ("ran", "", :class:`Ran`), ("swapped", name, None) or ("staged", id,
+    :class:`Staged`) (a case's outcomes, when none was recorded: "result"); None if it is not one.
 
     ``key``: the job's watch's, from its first line (None until then).  Every
     other line counts only sealed with it (:func:`attn_course.watch.sealer`):
@@ -105,6 +195,9 @@ def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, 
                 and type(line) is int and 0 <= line <= 10**7):
             return "ran", "", Ran(rule, file, line)
         return None
+    if set(obj) == {"id", "staged"} and isinstance(obj["id"], str) and obj["id"] in todo:
+        found = _staged(obj, todo[obj["id"]])
+        return ("staged" if isinstance(found, Staged) else "result"), obj["id"], found
     if set(obj) == {"id", "results"} and isinstance(obj["id"], str) and obj["id"] in todo:
         results = obj["results"]
         if not isinstance(results, list) or len(results) != todo[obj["id"]]:
@@ -207,25 +300,51 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
     """
     if backend not in ("jax", "mlx"):
         raise ValueError(f"unknown backend {backend!r}: jax or mlx")
-    raw = _Reported(on_result)
+    raw = _Reported(on_result, [ex.id for ex, _ in items])
     remaining = list(items)
     alone = False  # after a crash: one exercise per job, so that a crash names its exercise for certain
     first = start_errors  # no job was sent yet: a server that does not start now is the caller's problem
+    staged: dict[str, Staged] = {}  # exercises whose job traced them, to be evaluated (an evaluation job)
+    keys: dict[str, str] = {}  # their keys in EVALUATED
     while remaining:
-        batch = remaining[:1] if alone else remaining
-        todo = {ex.id: len(cases) for ex, cases in batch}
+        # an evaluation job first, for the exercises a job traced (worker.evaluate_job_records): it
+        # runs none of the submission's code, only the programs that code traced to
+        pending = []
+        for ex, cases in remaining:
+            if ex.id in staged:
+                key = keys.setdefault(ex.id, EVALUATED.key(ex.id, staged[ex.id], cases))
+                known = EVALUATED.get(key)
+                if known is not None:  # (the same programs on the same cases: evaluated before)
+                    raw[ex.id] = staged.pop(ex.id).merged(known)
+                else:
+                    pending.append((ex, cases))
+        remaining = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
+        if not remaining:
+            break
+        evaluating = bool(pending)
+        batch = pending or remaining
+        batch = batch[:1] if alone else batch
+        todo = {ex.id: len(staged[ex.id].recorded) if evaluating else len(cases) for ex, cases in batch}
         if budget is not None and time.monotonic() >= budget.deadline:
             for ex, _ in remaining:
                 raw[ex.id] = [Outcome.failure("budget", "not run: the archive's time budget was spent")]
             break
-        job = {"files": files, "cpu_s": limits.cpu_s,
-               "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs),
-                                                      **({"eager": True} if c.eager else {})}
-                                                     for c in cases]} for ex, cases in batch]}
-        if notebook is not None:
-            job["notebook"] = notebook
-        if backend != "jax":
-            job["backend"] = backend
+        if evaluating:
+            job = {"files": {}, "cpu_s": limits.cpu_s, "evaluate": True, "warm": False,
+                   "exercises": [{"id": ex.id,
+                                  "cases": [{"name": cases[i].name, "inputs": values.encode(cases[i].inputs)}
+                                            for i in staged[ex.id].recorded],
+                                  "staged": {"programs": staged[ex.id].programs, "cases": staged[ex.id].records}}
+                                 for ex, cases in batch]}
+        else:
+            job = {"files": files, "cpu_s": limits.cpu_s,
+                   "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs),
+                                                          **({"eager": True} if c.eager else {})}
+                                                         for c in cases]} for ex, cases in batch]}
+            if notebook is not None:
+                job["notebook"] = notebook
+            if backend != "jax":
+                job["backend"] = backend
         if programs is not Programs.JOB:
             job["programs"] = programs.value
         current, verdict, done, received = None, None, None, 0
@@ -265,14 +384,15 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 if received > limits.output_mb * 2**20:
                     verdict = Outcome.failure("crashed", f"reported more than {limits.output_mb} MB (output limit)")
                     break
-                parsed = _parse(m.text, {k: v for k, v in todo.items() if k not in raw}, key)
+                parsed = _parse(m.text, {k: v for k, v in todo.items() if k not in raw and (evaluating or k not in staged)},
+                                key)
                 if parsed is None:
                     continue
                 kind, ex_id, outcomes = parsed
                 if kind == "watch":
                     key = ex_id
-                elif kind == "ran":  # the watch's (sealed), the first of each rule
-                    if ran is not None and all(r.rule != outcomes.rule for r in ran):
+                elif kind == "ran":  # the watch's (sealed), the first of each rule (an evaluation job runs none of
+                    if ran is not None and not evaluating and all(r.rule != outcomes.rule for r in ran):  # the job's)
                         ran.append(outcomes)
                 elif kind == "start":  # again: a case of it runs alone after the job's program
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
@@ -280,9 +400,18 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                     current, started = ex_id, seen.setdefault(ex_id, time.monotonic())
                 elif kind == "swapped":
                     swapped = swapped or ex_id
-                elif kind == "result":  # (every result after a swap was computed with the code swapped)
-                    raw[ex_id] = outcomes if swapped is None else [
-                        Outcome.failure("tampered", f"{values.TAMPERED}: the code of {swapped} (replaced)")] * len(outcomes)
+                elif kind == "result" and evaluating:  # (a job that runs no submission: nothing swapped)
+                    if len(outcomes) == todo[ex_id]:
+                        EVALUATED.put(keys[ex_id], outcomes)
+                    raw[ex_id] = staged.pop(ex_id).merged(outcomes)
+                elif kind in ("result", "staged"):  # (every result after a swap was computed with the code swapped)
+                    if swapped is not None:
+                        raw[ex_id] = [Outcome.failure("tampered", f"{values.TAMPERED}: the code of {swapped} (replaced)")
+                                      ] * todo[ex_id]
+                    elif kind == "staged":
+                        staged[ex_id] = outcomes
+                    else:
+                        raw[ex_id] = outcomes
             if verdict is not None or done is not None:
                 break
             now = time.monotonic()
@@ -331,7 +460,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
         left = [(ex, cases) for ex, cases in remaining if ex.id not in raw]
         if not left:
             break
-        unfinished = [ex.id for ex, _ in batch if ex.id not in raw]
+        unfinished = [ex.id for ex, _ in batch if ex.id not in raw and (evaluating or ex.id not in staged)]
         if not unfinished:  # (one exercise alone, which reported: on to the next)
             remaining = left
             continue
@@ -342,7 +471,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             for ex, _ in left:
                 raw[ex.id] = [verdict]
             break
-        if verdict.status == "timeout" and current is None:
+        if verdict.status == "timeout" and current is None and not evaluating:
             # nothing had started: the package's import (a module's top-level code) or a notebook's
             # set-up never ended, and would not for any exercise run again alone (each its limit)
             for ex, _ in left:
@@ -367,16 +496,24 @@ def _memory_limit(limits: Limits) -> Outcome:
 
 
 class _Reported(dict):
-    """The outcomes found so far; each new entry is passed on to a callback."""
+    """The outcomes found so far; each new entry is passed on to a callback, in the exercises' order
+    (``order``): one that an evaluation job still owes holds back those after it."""
 
-    def __init__(self, callback: Callable[[str, list[Outcome]], None] | None):
+    def __init__(self, callback: Callable[[str, list[Outcome]], None] | None, order: list[str] = ()):
         super().__init__()
-        self.callback = callback
+        self.callback, self.order, self._said = callback, list(order), 0
 
     def __setitem__(self, key: str, outcomes: list[Outcome]) -> None:
         super().__setitem__(key, outcomes)
-        if self.callback is not None:
+        if self.callback is None:
+            return
+        if key not in self.order:
             self.callback(key, outcomes)
+            return
+        while self._said < len(self.order) and self.order[self._said] in self:
+            name = self.order[self._said]
+            self._said += 1
+            self.callback(name, self[name])
 
 
 def run_and_grade(server: WorkerServer, files: dict[str, str],

@@ -65,7 +65,7 @@ COURSE_IN_SANDBOX = "/opt/attn-course"  # holds attn_course/ (read-only) and not
 # mistakes catalogue is the reference with one switch turned; the grader,
 # its reports and identity code have no business there).
 WORKER_MODULES = ("__init__.py", "worker.py", "values.py", "regions.py", "registry.py", "xla_cache.py",
-                  "inline_where.py", "warm.py", "seccomp.py", "tamper.py", "watch.py")
+                  "inline_where.py", "warm.py", "seccomp.py", "tamper.py", "watch.py", "jaxpr_wire.py", "replay.py")
 _STAGED: dict[str, str] = {}
 
 

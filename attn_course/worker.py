@@ -44,10 +44,11 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from . import seccomp, tamper, values, warm, watch
+from . import jaxpr_wire, seccomp, tamper, values, warm, watch
 from .inline_where import inline_where
 from .xla_cache import compile_for_workers
 from .regions import exercise_of_stub
+from .replay import for_case, fresh
 
 MAX_MESSAGE = 400
 
@@ -195,7 +196,7 @@ def _run_probe(fn: Any, probe: Any, inputs: dict[str, Any]) -> Any:
         raise  # a stub says so at once, traced or not: no need to run it op by op
     except Exception:  # noqa: BLE001 - not traceable, or a real error: the eager run says which
         pass
-    return probe(fn, **to_backend(inputs))
+    return probe(fresh(fn), **to_backend(inputs))
 
 
 def _text(err: BaseException) -> str:
@@ -370,6 +371,7 @@ class JobItem(NamedTuple):
     probe: Any
     inputs: list[dict[str, Any]]
     eager: list[bool]
+    traced: bool = True  # recorded by record_job (False: evaluated in the job, by evaluate_job)
 
 
 def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str | None]],
@@ -433,7 +435,7 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
                 if it.eager[i]:
                     continue
                 try:
-                    o = it.probe(fn, **x)
+                    o = it.probe(for_case(fn, i), **x)
                 except (NotImplementedError, concrete) as err:
                     plan["refused"][i] = err  # raised on the concrete input: what an eager run raises too
                     continue
@@ -457,7 +459,8 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
             start(it.id)
             fn = plans[it.id]["fn"]
             done(it.id, evaluate_job([it], lambda ex_id: (fn, None))[it.id] if len(items) > 1
-                 else [(_eager if e else evaluate)(fn, it.probe, x, exercise=it.id) for x, e in zip(it.inputs, it.eager)])
+                 else [(_eager if e else evaluate)(for_case(fn, i), it.probe, x, exercise=it.id)
+                       for i, (x, e) in enumerate(zip(it.inputs, it.eager))])
         return results
     for it in items:
         if it.id in results:
@@ -475,9 +478,96 @@ def evaluate_job(items: list[JobItem], function: Callable[[str], tuple[Any, str 
             start(it.id)  # what runs now is this exercise's
             for i, r in enumerate(res):
                 if r is None:
-                    res[i] = (_eager if it.eager[i] else evaluate)(plan["fn"], it.probe, it.inputs[i], exercise=it.id)
+                    res[i] = (_eager if it.eager[i] else evaluate)(for_case(plan["fn"], i), it.probe, it.inputs[i],
+                                                                   exercise=it.id)
         done(it.id, res)
     return results
+
+
+def record_job(items: list[JobItem], function: Callable[[str], tuple[Any, str | None]],
+               start: Callable[[str], None] = lambda ex_id: None,
+               report: Callable[[str, dict], None] = lambda ex_id, staged: None) -> dict[str, dict]:
+    """Every case of every exercise of a JAX job traced, never differentiated (:mod:`attn_course.replay`).
+
+    For each exercise, ``report(id, {"programs": ..., "cases": [...]})``: the
+    programs its function traced to (:mod:`attn_course.jaxpr_wire`), and per
+    case its recorded calls (``{"status": "staged", ...}``) or its failure --
+    the error the function raised as the case was traced, or, for a case that
+    cannot be traced, as it ran op by op (what :func:`evaluate_job` would
+    report); an exercise whose function cannot be had reports the import's
+    failure for every case.  ``function`` and ``start`` are called as
+    :func:`evaluate_job` calls them: each exercise's function first, then each
+    exercise's start as its cases are traced.
+    """
+    from .replay import record_case
+
+    inline_where()  # (as the evaluating process traces the probes: the same programs)
+    concrete = _concrete_check_type()
+    functions: dict[str, Any] = {}
+    staged: dict[str, dict] = {}
+    for it in items:
+        fn, error = function(it.id)
+        if error:
+            staged[it.id] = {"programs": None, "cases": _import_error(error, len(it.inputs))}
+            report(it.id, staged[it.id])
+        else:
+            functions[it.id] = fn
+    for it in items:
+        if it.id not in functions:
+            continue
+        if not it.traced:  # (Exercise.traced)
+            fn = functions[it.id]
+            staged[it.id] = {"results": evaluate_job([it], lambda ex_id: (fn, None), start=start)[it.id]}
+            report(it.id, staged[it.id])
+            continue
+        start(it.id)
+        encoder, cases = jaxpr_wire.Encoder(), []
+        for x, eager in zip(it.inputs, it.eager):
+            try:
+                cases.append(record_case(functions[it.id], it.probe, to_backend(x), eager, encoder))
+                continue
+            except (NotImplementedError, concrete) as err:  # refused on the concrete input: as evaluate_job
+                cases.append(_failure(err, "jax", it.id))
+                continue
+            except Exception as err:  # noqa: BLE001 - not traceable: op by op, as evaluate_job runs it
+                if eager:
+                    cases.append(_failure(err, "jax", it.id))
+                    continue
+            try:
+                cases.append(record_case(functions[it.id], it.probe, to_backend(x), True, encoder))
+            except Exception as err:  # noqa: BLE001 - the submission's exception is data
+                cases.append(_failure(err, "jax", it.id))
+        staged[it.id] = {"programs": encoder.data(), "cases": cases}
+        report(it.id, staged[it.id])
+    return staged
+
+
+def evaluate_staged(items: list[JobItem], staged: dict[str, dict],
+                    start: Callable[[str], None] = lambda ex_id: None,
+                    phase: Callable[[str], None] = lambda name: None,
+                    report: Callable[[str, list[dict]], None] = lambda ex_id, results: None) -> dict[str, list[dict]]:
+    """The recorded cases of :func:`record_job`, evaluated here (differentiated, compiled, run) as
+    :func:`evaluate_job` evaluates a function's: ``items`` hold the recorded cases' inputs only, and
+    ``staged[id]`` is ``{"programs": ..., "cases": [recorded calls, one per input]}``.  An exercise
+    whose programs cannot be read fails each case with the reason."""
+    from .replay import Replayed
+
+    functions: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for it in items:
+        data = staged.get(it.id) or {}
+        try:
+            cases = data.get("cases")
+            if not isinstance(cases, list) or len(cases) != len(it.inputs):
+                raise jaxpr_wire.WireError("not one record per case")
+            functions[it.id] = Replayed(jaxpr_wire.Program(data.get("programs")), cases)
+        except jaxpr_wire.WireError as err:
+            errors[it.id] = f"the traced program cannot be read: {err}"
+
+    def function(ex_id: str) -> tuple[Any, str | None]:
+        return (None, errors[ex_id]) if ex_id in errors else (functions[ex_id], None)
+
+    return evaluate_job(items, function, start=start, phase=phase, report=report)
 
 
 class _Notebook:
@@ -627,6 +717,9 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
     from .registry import all_exercises
 
     exercises = all_exercises()
+    if job.get("evaluate") is True:  # (no package: what a job traced, evaluated here)
+        evaluate_job_records(job, exercises, out, seal)
+        return
     backend = job.get("backend", "jax")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}")
@@ -645,7 +738,8 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
     if backend == "jax":  # (the probes too: the package may change the course's data as it loads)
         items = [JobItem(item["id"], exercises[item["id"]].probe,
                          [values.decode(case["inputs"]) for case in item["cases"]],
-                         [case.get("eager") is True for case in item["cases"]]) for item in job["exercises"]]
+                         [case.get("eager") is True for case in item["cases"]], exercises[item["id"]].traced)
+                 for item in job["exercises"]]
     channel, write = out.fileno(), os.write  # (held before any of the job runs)
 
     def say(name: str, _dumps=_dumps, _seal=seal, _write=write, _channel=channel) -> None:
@@ -707,24 +801,50 @@ def run_job(job: dict, package: Path, out, seal: Callable[[str], str] | None = N
             return
         line({"id": ex_id, "results": encode(results)})
 
-    if backend == "jax":  # the whole job as one program (evaluate_job), or one per exercise
-        start = lambda ex_id: line({"start": ex_id})  # noqa: E731
-        if job.get("programs") == "exercise":  # an exercise's program is its own: no phase of the job
-            for it in items:
-                evaluate_job([it], function, start=start, report=report)
-        else:
-            def phase(name: str) -> None:
-                looked[0] = -1  # the whole job is traced: what it changed to trace it is still there
-                look()
-                line({"phase": name})
+    if backend == "jax":  # traced here; differentiated, compiled and run by an evaluation job
+        def staged(ex_id: str, payload: dict) -> None:
+            cases = payload.get("cases")
+            if "results" in payload or payload.get("programs") is None or not any(
+                    c.get("status") == "staged" for c in cases):
+                report(ex_id, payload.get("results", cases))  # (nothing to evaluate: these are its results)
+                return
+            look()
+            if looked[1]:
+                report(ex_id, cases)  # (tampered)
+                return
+            line({"id": ex_id, "staged": payload})
 
-            evaluate_job(items, function, start=start, phase=phase, report=report)
+        start = lambda ex_id: line({"start": ex_id})  # noqa: E731
+        record_job(items, function, start=start, report=staged)
         return
     for item in job["exercises"]:
         ex = exercises[item["id"]]
         line({"start": ex.id})
         fn, error = function(ex.id)
         report(ex.id, _exercise_results(ex, fn, item["cases"], error, backend))
+
+
+def evaluate_job_records(job: dict, exercises: dict, out, seal: Callable[[str], str] | None = None) -> None:
+    """An evaluation job (``"evaluate": true``): each exercise's recorded cases (``"staged"``, from
+    a job's :func:`record_job`) evaluated by :func:`evaluate_staged`, one JSON line per exercise as
+    :func:`run_job` writes them.  Its process is forked from the template and runs none of a
+    submission's code: what it differentiates is the programs' data (:mod:`attn_course.jaxpr_wire`)."""
+
+    def line(obj: dict) -> None:
+        text = _dumps(obj)
+        out.write((seal(text) if seal is not None else text) + "\n")
+        out.flush()
+
+    items = [JobItem(item["id"], exercises[item["id"]].probe, [values.decode(c["inputs"]) for c in item["cases"]],
+                     [False] * len(item["cases"])) for item in job["exercises"]]
+    staged = {item["id"]: item["staged"] for item in job["exercises"]}
+    start = lambda ex_id: line({"start": ex_id})  # noqa: E731
+    report = lambda ex_id, results: line({"id": ex_id, "results": values.encode(results)})  # noqa: E731
+    if job.get("programs") == "exercise":
+        for it in items:
+            evaluate_staged([it], staged, start=start, report=report)
+    else:
+        evaluate_staged(items, staged, start=start, phase=lambda name: line({"phase": name}), report=report)
 
 
 def _import_jax() -> None:

@@ -15,11 +15,50 @@ student's package, and a probe must not depend on what it contains.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..values import NotPlainValue
+
+
+_STAGING = [False]
+
+
+@contextlib.contextmanager
+def staging() -> Iterator[None]:
+    """The probes' derivatives staged, not taken (in a job's process, :mod:`attn_course.replay`):
+    each helper below traces the function with the arguments it would differentiate abstract,
+    as ``jax.vjp`` has them, and returns zeros of the value's and the derivative's shapes; the
+    derivative is taken where the trace is replayed, by a process that never ran the submission."""
+    before = _STAGING[0]
+    _STAGING[0] = True
+    try:
+        yield
+    finally:
+        _STAGING[0] = before
+
+
+def _staged(f: Callable, args: tuple, argnums: int | tuple[int, ...]) -> tuple[Any, Any]:
+    """``f(*args)``'s placeholder (zeros of its shapes, traced as ``f`` is) with ``args[argnums]``
+    abstract, and placeholders of those arguments' derivatives."""
+    import jax
+
+    from ..replay import placeholder
+
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+    def inner(*diff: Any) -> Any:
+        a = list(args)
+        for i, d in zip(nums, diff):
+            a[i] = d
+        return f(*a)
+
+    shape = jax.eval_shape(inner, *[args[i] for i in nums])
+    value = jax.tree_util.tree_map(placeholder, shape)
+    grads = tuple(jax.tree_util.tree_map(placeholder, jax.eval_shape(lambda x: x, args[i])) for i in nums)
+    return value, grads[0] if isinstance(argnums, int) else grads
 
 
 def _is_mlx(x: Any) -> bool:
@@ -58,6 +97,9 @@ def grad(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
             return mx.grad(f, argnums=argnums)(*args)
         import jax
 
+        if _STAGING[0]:
+            return _staged(f, args, argnums)[1]
+
         return jax.grad(f, argnums=argnums)(*args)
 
     return g
@@ -81,6 +123,10 @@ def value_and_grad_aux(f: Callable, argnums: int | tuple[int, ...] = 0) -> Calla
             return aux, d
         import jax
 
+        if _STAGING[0]:
+            (_, aux), d = _staged(f, args, argnums)
+            return aux, d
+
         (_, aux), d = jax.value_and_grad(f, argnums=argnums, has_aux=True)(*args)
         return aux, d
 
@@ -100,6 +146,10 @@ def value_and_grads(f: Callable, x: Any, losses: list[Callable]) -> tuple[Any, l
         return f(x), [mx.grad(lambda x, loss=loss: loss(f(x)))(x) for loss in losses]
     import jax
 
+    if _STAGING[0]:
+        out, d = _staged(f, (x,), 0)
+        return out, [d] * len(losses)
+
     out, pull = jax.vjp(f, x)
     return out, [pull(jax.grad(loss)(out))[0] for loss in losses]
 
@@ -118,6 +168,8 @@ def value_and_grad_of(g: Callable, x: Any, loss: Callable) -> tuple[Any, Any]:
     differentiated as part of ``loss(g(x))`` instead, whatever that makes
     of it, as on MLX (:func:`value_and_grad_aux`).
     """
+    if not _is_mlx(x) and _STAGING[0]:
+        return _staged(g, (x,), 0)
     if not _is_mlx(x):
         import jax
         import jax.numpy as jnp

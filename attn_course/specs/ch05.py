@@ -240,6 +240,9 @@ EXERCISES = [
     Exercise(
         "5.5", "Central finite differences", "gradients.finite_difference_gradients",
         _finite_difference_cases, points=3, probe=_finite_difference_probe,
+        # NumPy code that JAX never differentiates, whose probe watches each call of f as it is
+        # made (fresh copies, their number): run where the submission runs, not traced
+        traced=False,
         # Both sides take the same central differences, so a correct submission
         # differs from the reference only by rounding in how the step and the
         # quotient are formed (e.g. dividing by the representable step

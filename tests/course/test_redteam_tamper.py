@@ -507,6 +507,13 @@ _OPENED = _doors()
 '''
 
 
+# attacks that no longer run at all: the job only traces (attn_course.replay), and what it traced is run
+# elsewhere without them
+NEUTRALISED = {
+    "callback": "a host callback (jax.debug.callback) in the traced program: left out of what is evaluated",
+}
+
+
 def test_every_attack_is_graded():
     """A dict literal keeps the last of two equal keys: the first "code" attack was never built."""
     import ast
@@ -558,6 +565,9 @@ def test_tampering_with_the_checks_earns_nothing(tmp_path):
         assert row["3.2"] == "0", (name, row)
         results = [json.loads(p.read_text()) for p in (out / "results").glob(f"tamper-{name}-*.json")]
         (fb,) = [res["feedback"]["3.2"] for res in results]
+        if name in NEUTRALISED:  # nothing of it runs: the mistake is graded as what it is
+            assert fb["status"] == "fail" and all(not c["passed"] for c in fb["cases"] if c["hidden"]), (name, fb)
+            continue
         assert fb["status"] == "tampered", (name, fb)
         assert all(c["status"] == "tampered" and "changed code it does not own" in c["message"]
                    for c in fb["cases"] if c["hidden"]), (name, fb)
@@ -565,7 +575,7 @@ def test_tampering_with_the_checks_earns_nothing(tmp_path):
         assert fb["cases"] and all(c["hidden"] for c in fb["cases"]), (name, fb)
     # the hidden cases' words are fixed: nothing the job chose (which function it changed) is in them
     assert all(c["message"].startswith("not graded") and ":" not in c["message"].split(")", 1)[1]
-               for p in (out / "results").glob("tamper-*.json")
+               for p in (out / "results").glob("tamper-*.json") if p.name.split("-")[1] not in NEUTRALISED
                for c in json.loads(p.read_text())["feedback"]["3.2"]["cases"] if c["hidden"])
 
 
