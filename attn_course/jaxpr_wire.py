@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import base64
 import enum
+import functools
+import json
 from typing import Any, Callable
 
 import numpy as np
@@ -107,6 +109,7 @@ class Encoder:
         self.jaxprs: list[dict] = []
         self.consts: list[dict] = []
         self._jaxpr_ids: dict[tuple, int] = {}
+        self._contents: dict[str, int] = {}
         self._in_rule = 0  # within a custom rule's programs: a custom call there is its primal only
         self._const_ids: dict[int, int] = {}
         self._keep: list[Any] = []  # what the identities above name stays alive
@@ -185,8 +188,11 @@ class Encoder:
         out = {"const_vars": constvars, "consts": [self.const(c) for c in consts], "in": invars,
                "in_avals": [_aval(v.aval) for v in jaxpr.invars], "eqns": eqns,
                "out": [ref(v) for v in jaxpr.outvars]}
-        self.jaxprs.append(out)
-        return len(self.jaxprs) - 1
+        key = json.dumps(out, sort_keys=True, default=str)  # (two traces of one content: one program)
+        if key not in self._contents:
+            self._contents[key] = len(self.jaxprs)
+            self.jaxprs.append(out)
+        return self._contents[key]
 
     def _params(self, name: str, eqn: Any) -> tuple[str, dict]:
         """The equation's name and parameters as data."""
@@ -413,6 +419,7 @@ class Program:
         self._functions: dict[int, Callable] = {}
         self._jitted: dict[int, Callable] = {}
         self._calls_arguments: dict[int, bool] = {}
+        self._compiled: dict[int, tuple] = {}
         self.arguments: dict[int, Callable] = {}  # the functions the probe passed to the call being run
         self._depth = 0
 
@@ -488,75 +495,113 @@ class Program:
         finally:
             self._depth -= 1
 
-    def _run(self, index: int, args: list) -> list:
+    def _steps(self, index: int) -> tuple:
+        """Program ``index`` read and checked once: its constants, inputs, equations (each with its
+        primitive or handler and decoded parameters) and outputs."""
+        if index in self._compiled:
+            return self._compiled[index]
         import jax.numpy as jnp
 
         j = self.jaxpr(index)
-        env: dict[int, Any] = {}
+        defined: set[int] = set()
 
-        def read(r: Any) -> Any:
+        def ref(r: Any) -> Any:
             if type(r) is int:
-                if r not in env:
+                if r not in defined:
                     raise WireError(f"variable {r} used before it is defined")
-                return env[r]
+                return r
             if isinstance(r, dict) and set(r) == {"lit", "aval"}:
-                return jnp.asarray(self.const(r["lit"])) if np.ndim(self.const(r["lit"])) else self.const(r["lit"])[()]
+                c = self.const(r["lit"])
+                return (_LITERAL, jnp.asarray(c) if np.ndim(c) else c[()])
             raise WireError(f"not a variable: {str(r)[:40]}")
 
-        def write(v: Any, x: Any) -> None:
+        def define(v: Any) -> int:
             if type(v) is not int or v < -1:
                 raise WireError(f"not a variable: {str(v)[:40]}")
             if v >= 0:
-                env[v] = x
+                defined.add(v)
+            return v
 
-        consts = j.get("consts", [])
-        const_vars, in_vars = j.get("const_vars", []), j.get("in", [])
+        consts, const_vars, in_vars = j.get("consts", []), j.get("const_vars", []), j.get("in", [])
         if not isinstance(consts, list) or not isinstance(const_vars, list) or len(consts) != len(const_vars):
             raise WireError("a program's constants do not match its constant variables")
-        if not isinstance(in_vars, list) or len(in_vars) != len(args):
-            raise WireError(f"a program of {len(in_vars) if isinstance(in_vars, list) else '?'} inputs "
-                            f"called with {len(args)}")
-        for v, c in zip(const_vars, consts):
-            write(v, self.const(c))
-        for v, x in zip(in_vars, args):
-            write(v, x)
-        for eqn in j.get("eqns", []):
+        if not isinstance(in_vars, list):
+            raise WireError("a program without its inputs")
+        const_pairs = [(define(v), self.const(c)) for v, c in zip(const_vars, consts)]
+        inputs = [define(v) for v in in_vars]
+        steps = []
+        eqns = j.get("eqns", [])
+        if not isinstance(eqns, list):
+            raise WireError("a program without its equations")
+        for eqn in eqns:
             if not isinstance(eqn, list) or len(eqn) != 5 or not isinstance(eqn[0], str):
                 raise WireError("an equation of the wrong form")
             name, ins, outs, params, avals = eqn
-            if not isinstance(ins, list) or not isinstance(outs, list) or not isinstance(params, dict):
+            if (not isinstance(ins, list) or not isinstance(outs, list) or not isinstance(params, dict)
+                    or not isinstance(avals, list) or len(avals) != len(outs)):
                 raise WireError(f"an equation of {name[:40]} of the wrong form")
-            values = [read(r) for r in ins]
-            results = self._equation(name, values, params)
-            if not isinstance(avals, list) or len(results) != len(outs) or len(avals) != len(outs):
-                raise WireError(f"{name[:40]} gave {len(results)} outputs where the program has {len(outs)}")
-            for v, x, a in zip(outs, results, avals):
+            refs = [ref(r) for r in ins]
+            if name in NESTED:
+                run = functools.partial(_NESTED[name], self, params=params)
+                multiple = True
+            elif name in SCATTERS:
+                run = functools.partial(_scatter, name, params={k: _decode_value(v) for k, v in params.items()})
+                multiple = False
+            else:
+                prim = primitives().get(name)
+                if prim is None:
+                    raise WireError(f"the operation {name[:60]!r} is not one of jax.lax's")
+                run = functools.partial(_bind, prim, name, {k: _decode_value(v) for k, v in params.items()})
+                multiple = prim.multiple_results
+            expected = []
+            for a in avals:
                 shape, dtype, _ = _check_aval(a)
-                if tuple(np.shape(x)) != shape or str(jnp.result_type(x)) != dtype and dtype != "float0":
-                    raise WireError(f"{name[:40]} gave {jnp.result_type(x)}{list(np.shape(x))} where the "
-                                    f"program says {dtype}{list(shape)}")
-                write(v, x)
-        return [read(r) for r in j.get("out", [])]
+                expected.append((shape, None if dtype == "float0" else _dtype(dtype)))
+            steps.append((name, run, multiple, refs, [define(v) for v in outs], expected))
+        out = [ref(r) for r in j.get("out", [])]
+        self._compiled[index] = (const_pairs, inputs, steps, out)
+        return self._compiled[index]
 
-    def _equation(self, name: str, values: list, params: dict) -> list:
-        if name in NESTED:
-            return list(_NESTED[name](self, values, params))
-        if name in SCATTERS:
-            return [_scatter(name, values, {k: _decode_value(v) for k, v in params.items()})]
-        prim = primitives().get(name)
-        if prim is None:
-            raise WireError(f"the operation {name[:60]!r} is not one of jax.lax's")
-        decoded = {k: _decode_value(v) for k, v in params.items()}
-        try:
-            out = prim.bind(*values, **decoded)
-        except WireError:
-            raise
-        except TypeError as err:
-            raise WireError(f"{name[:60]}: {str(err)[:300]}") from None
-        return list(out) if prim.multiple_results else [out]
+    def _run(self, index: int, args: list) -> list:
+        const_pairs, inputs, steps, out = self._steps(index)
+        if len(inputs) != len(args):
+            raise WireError(f"a program of {len(inputs)} inputs called with {len(args)}")
+        env: dict[int, Any] = dict(const_pairs)
+        env.update(zip(inputs, args))
+        for name, run, multiple, refs, outs, expected in steps:
+            values = [r[1] if type(r) is tuple else env[r] for r in refs]
+            results = run(values)
+            if not multiple:
+                results = [results]
+            elif not isinstance(results, list):
+                results = list(results)
+            if len(results) != len(outs):
+                raise WireError(f"{name[:40]} gave {len(results)} outputs where the program has {len(outs)}")
+            for v, x, (shape, dtype) in zip(outs, results, expected):
+                if not hasattr(x, "shape"):  # (a number a probe's function returned)
+                    import jax.numpy as jnp
+
+                    x = jnp.asarray(x)
+                if tuple(x.shape) != shape or dtype is not None and x.dtype != dtype:
+                    raise WireError(f"{name[:40]} gave {x.dtype}{list(x.shape)} where the program says "
+                                    f"{dtype}{list(shape)}")
+                if v >= 0:
+                    env[v] = x
+        env.pop(-1, None)
+        return [r[1] if type(r) is tuple else env[r] for r in out]
 
 
-def _scatter(name: str, values: list, params: dict) -> Any:
+_LITERAL = "literal"
+
+
+def _bind(prim: Any, name: str, params: dict, values: list) -> Any:
+    try:
+        return prim.bind(*values, **params)
+    except TypeError as err:
+        raise WireError(f"{name[:60]}: {str(err)[:300]}") from None
+
+
+def _scatter(name: str, values: list, params: dict) -> Any:  # (values second: bound as a step)
     from jax import lax
 
     fn = {"scatter": lax.scatter, "scatter-add": lax.scatter_add, "scatter_add": lax.scatter_add,

@@ -887,6 +887,10 @@ def _setup_jax() -> None:
 
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_platforms", "cpu")
+    # an error raised through JAX's API (an input check, a stub's NotImplementedError as it is traced)
+    # is not rewritten on its way out: its filtering reads every frame's file name, 4 ms an error,
+    # and the job reports only where in attn_tensors it was raised (_where), which it keeps
+    jax.config.update("jax_traceback_filtering", "off")
     inline_where()  # before warm.prime traces anything
     if os.environ.get("ATTN_COURSE_CACHE"):
         from .xla_cache import enable_compile_cache
