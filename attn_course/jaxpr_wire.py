@@ -327,7 +327,11 @@ def _as_closed(j: Any) -> Any:
 
 _PRIMITIVES: dict[str, Any] | None = None
 # jax.lax's primitives that act on the world, not on arrays: never bound from data
-REFUSED = frozenset({"infeed", "outfeed", "create_token", "after_all", "rng_uniform"})
+REFUSED = frozenset({"infeed", "outfeed", "create_token", "after_all", "rng_uniform",
+                     # collectives (no mesh here), and JAX's internal markers that lax's modules import
+                     "all_gather", "all_to_all", "psum", "pmax", "pmin", "ppermute", "axis_index",
+                     "ragged_all_to_all", "eval_jaxpr", "composite", "dce_sink", "empty", "empty2",
+                     "stage", "tie", "from_edtype", "to_edtype"})
 
 
 def primitives() -> dict[str, Any]:

@@ -101,7 +101,10 @@ class Evaluated:
 
     def __init__(self) -> None:
         self._outcomes: OrderedDict[str, list[Outcome]] = OrderedDict()
-        self.size = 0 if os.environ.get("ATTN_COURSE_EVALUATED") == "0" else self.SIZE
+
+    @property
+    def size(self) -> int:
+        return 0 if os.environ.get("ATTN_COURSE_EVALUATED") == "0" else self.SIZE
 
     @staticmethod
     def key(ex_id: str, staged: Staged, cases: list[Case]) -> str:
@@ -579,7 +582,8 @@ def reference_results(ex: Exercise, cases: Iterable[Case], worker_cache: bool = 
 
 def fill_worker_cache(items: list[tuple[Exercise, list[Case]]]) -> None:
     """Compile the reference's program of a whole job (these exercises, these cases) into the
-    workers' cache, as a worker compiles a submission's (:func:`attn_course.worker.evaluate_job`).
+    workers' cache, as a job and its evaluation job compile a submission's
+    (:func:`attn_course.worker.record_job`, :func:`attn_course.worker.evaluate_staged`).
 
     A job is one program: an archive whose program is the reference's then
     loads it instead of compiling it.  Done once per class and set of cases
@@ -589,18 +593,32 @@ def fill_worker_cache(items: list[tuple[Exercise, list[Case]]]) -> None:
 
     jax.config.update("jax_enable_x64", True)
     from . import result_cache
-    from .worker import JobItem, as_graded, evaluate_job, resolve
+    from .worker import JobItem, as_graded, evaluate_staged, record_job, resolve
     from .xla_cache import compile_cache, worker_cache_dir, worker_keys
 
     def compute() -> list:
-        job = [JobItem(ex.id, ex.probe, [c.inputs for c in cases], [c.eager for c in cases]) for ex, cases in items]
+        job = [JobItem(ex.id, ex.probe, [c.inputs for c in cases], [c.eager for c in cases], ex.traced)
+               for ex, cases in items]
         functions = {ex.id: ex.function for ex, _ in items}
         with compile_cache(worker_cache_dir()), worker_keys():
-            evaluate_job(job, lambda ex_id: (as_graded(resolve(functions[ex_id])), None))  # as a job calls it
+            # as a job traces it (an exercise not traced is compiled there), then as its evaluation job
+            # evaluates what it traced (worker.evaluate_job_records)
+            staged = record_job(job, lambda ex_id: (as_graded(resolve(functions[ex_id])), None))
+            recorded, data = [], {}
+            for it in job:
+                found = json.loads(json.dumps(staged[it.id]))  # (as the lines carry it)
+                cases = found.get("cases") or []
+                kept = [i for i, c in enumerate(cases) if c.get("status") == "staged"]
+                if "results" in found or not kept:
+                    continue
+                recorded.append(JobItem(it.id, it.probe, [it.inputs[i] for i in kept], [False] * len(kept)))
+                data[it.id] = {"programs": found["programs"], "cases": [cases[i] for i in kept]}
+            if recorded:
+                evaluate_staged(recorded, data)
         return []
 
     parts = _worker_cache_identity() + [[ex.id, ex.function, result_cache.cases_digest(cases)] for ex, cases in items]
-    result_cache.cached("job-program", parts, compute)
+    result_cache.cached("evaluation-program", parts, compute)
 
 
 def _worker_cache_identity() -> list:

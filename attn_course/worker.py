@@ -564,10 +564,17 @@ def evaluate_staged(items: list[JobItem], staged: dict[str, dict],
         except jaxpr_wire.WireError as err:
             errors[it.id] = f"the traced program cannot be read: {err}"
 
-    def function(ex_id: str) -> tuple[Any, str | None]:
-        return (None, errors[ex_id]) if ex_id in errors else (functions[ex_id], None)
-
-    return evaluate_job(items, function, start=start, phase=phase, report=report)
+    results = {}
+    for it in items:  # (said as what it is: not an import's failure)
+        if it.id in errors:
+            results[it.id] = [{"status": "raised", "type": "WireError", "message": errors[it.id][:MAX_MESSAGE]}
+                              ] * len(it.inputs)
+            report(it.id, results[it.id])
+    rest = [it for it in items if it.id not in errors]
+    if rest:
+        results.update(evaluate_job(rest, lambda ex_id: (functions[ex_id], None), start=start, phase=phase,
+                                    report=report))
+    return results
 
 
 class _Notebook:

@@ -41,7 +41,16 @@ of 1 and then 2 worker processes (one thread each) through ``--scheduler``,
 workers warmed first (their expected values computed), and prints the
 throughput and the cost per submission in core-seconds.
 
+The class is copies: half the archives are the same honest library, a quarter the
+same stubs, a quarter one of three wrong functions.  An archive's job only traces
+its functions; what they trace to is evaluated in an evaluation job, and two
+archives whose functions trace to the same programs are evaluated once
+(:class:`attn_course.runner.Evaluated`).  ``--distinct`` evaluates every archive's
+programs, as for a class in which no two answers trace alike: the bound from
+above for a class of thousands.
+
     python benchmarks/bench_grading.py [--n 100] [--nb 8] [--rounds 3] [--jobs 2] [--dask] [--no-nbgrader]
+                                       [--distinct]
 """
 
 from __future__ import annotations
@@ -274,7 +283,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--dask", action="store_true", help="also grade on a LocalCluster of 1 and 2 workers")
     ap.add_argument("--no-nbgrader", action="store_true", help="skip nbgrader autograde")
+    ap.add_argument("--distinct", action="store_true",
+                    help="evaluate every archive's programs, as for a class where no two answers trace alike "
+                         "(ATTN_COURSE_EVALUATED=0: the class's copies are otherwise evaluated once)")
     a = ap.parse_args()
+    if a.distinct:
+        os.environ["ATTN_COURSE_EVALUATED"] = "0"  # (read at each archive, and by Dask's workers as they start)
     meter = CpuMeter()
     ratios: list[float] = []
     try:

@@ -418,3 +418,18 @@ def test_a_rule_swapped_and_put_back_in_the_job_earns_nothing(tmp_path):
         assert rows[f"r18-{name}"]["3.2"] == "0", (name, rows[f"r18-{name}"])
         (result,) = [json.loads(p.read_text()) for p in (out / "results").glob(f"r18-{name}-*.json")]
         assert result["feedback"]["3.2"]["status"] == "fail", (name, result["feedback"]["3.2"])
+
+
+def test_an_exercise_whose_programs_cannot_be_read_fails_alone():
+    exercises = [all_exercises()["3.1"], all_exercises()["3.2"]]
+    items = _items(exercises)
+    fns = {e.id: worker.resolve(e.function) for e in exercises}
+    staged = _through_json(worker.record_job(items, lambda ex_id: (fns[ex_id], None)))
+    staged["3.1"]["programs"]["version"] = 99
+    got = _replayed(items, staged)
+    recorded = [i for i, c in enumerate(staged["3.1"]["cases"]) if c["status"] == "staged"]
+    assert recorded
+    assert all(got["3.1"][i]["type"] == "WireError" and "cannot be read" in got["3.1"][i]["message"]
+               for i in recorded)
+    assert all(got["3.1"][i] == c for i, c in enumerate(staged["3.1"]["cases"]) if i not in recorded)
+    assert got["3.2"] and all(r["status"] == "ok" for r in got["3.2"])
