@@ -536,10 +536,27 @@ def record_job(items: list[JobItem], function: Callable[[str], tuple[Any, str | 
             try:
                 cases.append(record_case(functions[it.id], it.probe, to_backend(x), True, encoder))
             except Exception as err:  # noqa: BLE001 - the submission's exception is data
-                cases.append(_failure(err, "jax", it.id))
+                cases.append(_traced_failure(err, it.id))
         staged[it.id] = {"programs": encoder.data(), "cases": cases}
         report(it.id, staged[it.id])
     return staged
+
+
+# JAX's errors for a Python decision on a traced value (if x > 0, float(x), np.asarray(x))
+TRACER_ERRORS = ("ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+                 "TracerArrayConversionError")
+TRACED_DERIVATIVE = ("its derivative is taken from the program JAX traces of it, on arrays whose values "
+                     "are not known as it is traced: decide with jnp.where or lax.cond, not Python's if, "
+                     "float() or NumPy, on values computed from a differentiated input. ")
+
+
+def _traced_failure(err: Exception, exercise: str) -> dict[str, Any]:
+    """A case's failure as it ran op by op (:func:`record_job`); a Python decision on a traced value
+    said as what the course asks of a function whose derivative is graded."""
+    out = _failure(err, "jax", exercise)
+    if out.get("type") in TRACER_ERRORS:
+        out["message"] = (TRACED_DERIVATIVE + out["message"])[:MAX_MESSAGE]
+    return out
 
 
 def evaluate_staged(items: list[JobItem], staged: dict[str, dict],

@@ -433,3 +433,19 @@ def test_an_exercise_whose_programs_cannot_be_read_fails_alone():
                for i in recorded)
     assert all(got["3.1"][i] == c for i, c in enumerate(staged["3.1"]["cases"]) if i not in recorded)
     assert got["3.2"] and all(r["status"] == "ok" for r in got["3.2"])
+
+
+def test_a_python_decision_on_a_differentiated_value_is_said_as_such():
+    """Op by op, jax.grad lets `if x > 0` see numbers; a traced program cannot: the failure says what
+    to write instead (the derivative is the traced program's, taken elsewhere)."""
+    ex = all_exercises()["3.2"]
+    (item,) = _items([ex])
+
+    def branching(A, mask=None):
+        if float(jnp.min(A)) < 0:  # a decision in Python on a value of the differentiated input
+            raise ValueError("negative weight")
+        return -jnp.sum(jnp.where(A > 0, A * jnp.log(jnp.where(A > 0, A, 1.0)), 0.0), axis=-1)
+
+    staged = worker.record_job([item], lambda ex_id: (branching, None))["3.2"]
+    assert all(c["status"] == "raised" and c["message"].startswith(worker.TRACED_DERIVATIVE)
+               for c in staged["cases"]), staged["cases"][0]
