@@ -40,14 +40,14 @@ import numpy as np
 
 VERSION = 1
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "bfloat16", "float32", "float64", "float0")
+          "float16", "bfloat16", "float32", "float64", "complex64", "complex128", "float0")
 ARGUMENT = "_attn_course_argument_"  # the name of a call of a function the probe passed (attn_course.replay)
 MAX_EQUATIONS = 200_000  # in one job's programs together
 MAX_CONST_BYTES = 64 << 20
 # primitives that carry no data and act on none: dropped where traced
 DROPPED = frozenset({"debug_callback", "debug_print"})
 # equations whose sub-programs are run by a handler of this module's (the rest take plain parameters)
-NESTED = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "scan", "while", "cond",
+NESTED = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "scan", "while", "cond",
                     "custom_jvp_call", "custom_vjp_call", "custom_linear_solve"})
 SCATTERS = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min",
                       "scatter_min", "scatter-max", "scatter_max", "scatter-sub", "scatter_sub"})
@@ -126,7 +126,7 @@ class Encoder:
             return self._const_ids[key]
         arr = np.asarray(value)
         dtype = str(arr.dtype)
-        if dtype not in DTYPES or arr.dtype.kind not in "biuf" and dtype != "float0":
+        if dtype not in DTYPES or arr.dtype.kind not in "biufc" and dtype != "float0":
             raise Unstageable(f"a constant of dtype {dtype} (not an array of numbers)")
         if dtype == "float0":
             raw = b""
@@ -211,7 +211,7 @@ class Encoder:
             return {k: v for k, v in marked.items() if k != "n"}  # (not a transform of the call: the call)
         if name in ("jit", "pjit", "closed_call", "core_call"):
             return {"jaxpr": self.closed(_as_closed(p.get("jaxpr", p.get("call_jaxpr"))))}
-        if name in ("remat", "checkpoint"):
+        if name in ("remat", "remat2", "checkpoint"):  # (the same values and derivative, computed again or not)
             return {"jaxpr": self.closed(_as_closed(p["jaxpr"]))}
         if name == "scan":
             return {"jaxpr": self.closed(p["jaxpr"]), "length": int(p["length"]), "reverse": bool(p["reverse"]),
@@ -232,6 +232,9 @@ class Encoder:
                     "jaxprs": [None if j is None else self.closed(j) for j in jaxprs]}
         if name in ("pure_callback", "io_callback", "callback") or "callback" in name:
             raise Unstageable("a host callback (jax.pure_callback, io_callback): code outside the program")
+        if name.startswith("random_") or name in ("threefry2x32",):
+            raise Unstageable("jax.random inside a graded function: its program cannot carry random keys "
+                              "(draw the numbers outside it and pass them in)")
         out = {}
         for k, v in p.items():
             if name in SCATTERS and k in ("update_jaxpr", "update_consts"):
@@ -271,6 +274,10 @@ class Encoder:
         try:
             jvp_jaxpr, jvp_consts, out_zeros = p["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
             jvp = self.open(jvp_jaxpr, list(jvp_consts))
+        except Unstageable:
+            raise
+        except Exception as err:  # noqa: BLE001 - the rule's own trace failed
+            raise Unstageable(_RULE_FAILED.format("custom_jvp", type(err).__name__)) from None
         finally:
             self._in_rule -= 1
         return {"call": call, "num_consts": nc, "jvp": jvp, "out_zeros": [bool(z) for z in out_zeros]}
@@ -312,9 +319,17 @@ class Encoder:
             closed = jax.make_jaxpr(backward)(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in res_avals + ct_avals])
             fwd = self.open(fwd_jaxpr, list(fwd_consts))
             bwd_index = self.closed(closed)
+        except Unstageable:
+            raise
+        except Exception as err:  # noqa: BLE001 - the rules' own trace failed
+            raise Unstageable(_RULE_FAILED.format("custom_vjp", type(err).__name__)) from None
         finally:
             self._in_rule -= 1
         return {"call": call, "num_consts": 0, "n_out": len(ct_avals), "fwd": fwd, "fwds": fwds, "bwd": bwd_index}
+
+
+_RULE_FAILED = ("a {} rule could not be traced apart from the function ({}): a rule that uses values "
+                "computed in the function around it must be given them as arguments of the custom function")
 
 
 def _as_closed(j: Any) -> Any:
@@ -771,7 +786,7 @@ def _linear_solve(prog: Program, values: list, params: dict) -> list:
 
 
 _NESTED: dict[str, Callable[[Program, list, dict], list]] = {
-    "jit": _call, "pjit": _call, "closed_call": _inline, "core_call": _inline, "remat": _inline,
+    "jit": _call, "pjit": _call, "closed_call": _inline, "core_call": _inline, "remat": _inline, "remat2": _inline,
     "checkpoint": _inline, "scan": _scan, "while": _while, "cond": _cond, "custom_jvp_call": _custom_jvp,
     "custom_vjp_call": _custom_vjp, "custom_linear_solve": _linear_solve,
 }

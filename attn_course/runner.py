@@ -15,12 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable
+
+import numpy as np
 
 from . import values
 from .registry import Case, Exercise
@@ -98,9 +101,13 @@ class Evaluated:
     every archive's evaluated on its own -- what a benchmark of a class of distinct answers measures)."""
 
     SIZE = 2048
+    MAX_BYTES = 64 << 20  # of the outcomes' arrays together (red team 19: 96 MB kept from one archive)
+    MAX_ENTRY_BYTES = 1 << 20  # an exercise's: a larger one is not kept
 
     def __init__(self) -> None:
-        self._outcomes: OrderedDict[str, list[Outcome]] = OrderedDict()
+        self._outcomes: OrderedDict[str, tuple[list[Outcome], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # (a grader's slots are threads)
 
     @property
     def size(self) -> int:
@@ -115,16 +122,24 @@ class Evaluated:
     def get(self, key: str) -> list[Outcome] | None:
         if not self.size:
             return None
-        found = self._outcomes.get(key)
-        if found is not None:
+        with self._lock:
+            found = self._outcomes.get(key)
+            if found is None:
+                return None
             self._outcomes.move_to_end(key)
-        return found
+            return found[0]
 
     def put(self, key: str, outcomes: list[Outcome]) -> None:
-        self._outcomes[key] = outcomes
-        self._outcomes.move_to_end(key)
-        while len(self._outcomes) > self.size:
-            self._outcomes.popitem(last=False)
+        size = sum(sum(np.asarray(v).nbytes for v in (o.value or {}).values()) + len(o.message) for o in outcomes)
+        if not self.size or size > self.MAX_ENTRY_BYTES:
+            return
+        with self._lock:
+            if key in self._outcomes:
+                self._bytes -= self._outcomes.pop(key)[1]
+            self._outcomes[key] = (outcomes, size)
+            self._bytes += size
+            while len(self._outcomes) > self.size or self._bytes > self.MAX_BYTES:
+                self._bytes -= self._outcomes.popitem(last=False)[1][1]
 
 
 EVALUATED = Evaluated()
@@ -134,11 +149,26 @@ EVALUATED = Evaluated()
 TRACED_FAILURES = ("raised", "not_implemented", "bad_value", "tampered")
 
 
+MAX_DEPTH = 100  # of a job's data kept to be sent again (json.dumps recurses: red team 19's 489 levels)
+
+
+def _deeper(data: object, limit: int) -> bool:
+    """Whether ``data`` (lists and dicts) nests deeper than ``limit``."""
+    level, todo = 0, [data]
+    while todo:
+        level += 1
+        if level > limit:
+            return True
+        todo = [v for x in todo for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
+                if isinstance(v, (dict, list))]
+    return False
+
+
 def _staged(obj: dict, n: int) -> Staged | list[Outcome]:
     """A job's ``{"id", "staged"}`` line's data, checked: a case is recorded calls or a failure."""
     data = obj["staged"]
     unreadable = [Outcome.failure("bad_value", "an unreadable result")]
-    if not isinstance(data, dict) or not isinstance(data.get("programs"), dict):
+    if not isinstance(data, dict) or not isinstance(data.get("programs"), dict) or _deeper(data, MAX_DEPTH):
         return unreadable
     cases = data.get("cases")
     if not isinstance(cases, list) or len(cases) != n:
@@ -160,7 +190,8 @@ def _staged(obj: dict, n: int) -> Staged | list[Outcome]:
     return Staged(outcomes, data["programs"], records)
 
 
-def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, list[Outcome] | Ran | Staged | None] | None:
+def _parse(text: str, todo: dict[str, int], key: str | None,
+           traced: frozenset[str] = frozenset()) -> tuple[str, str, list[Outcome] | Ran | Staged | None] | None:
     """A job's line as ("start", id, None), ("phase", COMPILING, None), ("result", id, outcomes),
     ("watch", key, None), ("ran", "", :class:`Ran`), ("swapped", name, None) or ("staged", id,
     :class:`Staged`) (a case's outcomes, when none was recorded: "result"); None if it is not one.
@@ -172,7 +203,11 @@ def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, 
     job computed its own way, past the checks of what it changed).
     ``todo`` maps the exercises still expected to their number of cases; a
     line about anything else, of another shape, too deep or unreadable is
-    ignored (the job may write what it likes on its channel).
+    ignored (the job may write what it likes on its channel).  ``traced``:
+    the exercises whose values only an evaluation job gives (a job that runs
+    the submission traces them): their results from this job are failures
+    only, an "ok" is unreadable (red team 19: a job that found its seal
+    through frames wrote its own values, the mistake's nan made 0, 3/3).
     """
     if key is not None:
         sealed = unseal(key, text)
@@ -216,6 +251,9 @@ def _parse(text: str, todo: dict[str, int], key: str | None) -> tuple[str, str, 
                 outcomes.append(Outcome.from_dict(values.decode(r)))
             except Exception:  # noqa: BLE001 - malformed data from the job is that case's failure
                 outcomes.append(Outcome.failure("bad_value", "an unreadable result"))
+        if obj["id"] in traced:
+            outcomes = [o if o.status in TRACED_FAILURES else Outcome.failure("bad_value", "an unreadable result")
+                        for o in outcomes]
         return "result", obj["id"], outcomes
     return None
 
@@ -355,6 +393,8 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                 job["backend"] = backend
         if programs is not Programs.JOB:
             job["programs"] = programs.value
+        # the exercises whose values only an evaluation job gives (worker.record_job traces them)
+        traced = frozenset() if evaluating or backend != "jax" else frozenset(ex.id for ex, _ in batch if ex.traced)
         current, verdict, done, received = None, None, None, 0
         key = None  # the job's watch's (its first line): a "ran" line without it is the job's own making
         swapped = None  # code not the job's that it replaced, as the watch saw it made: what follows is tampered
@@ -393,7 +433,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
                     verdict = Outcome.failure("crashed", f"reported more than {limits.output_mb} MB (output limit)")
                     break
                 parsed = _parse(m.text, {k: v for k, v in todo.items() if k not in raw and (evaluating or k not in staged)},
-                                key)
+                                key, traced)
                 if parsed is None:
                     continue
                 kind, ex_id, outcomes = parsed
@@ -456,7 +496,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             # start, a result, its program) before the limit was seen, so whose it is is not known
             unreported = {k: v for k, v in todo.items() if k not in raw}
             for text in late:
-                parsed = _parse(text, unreported, key)
+                parsed = _parse(text, unreported, key, traced)
                 if parsed is not None and parsed[0] == "watch":
                     key = parsed[1]
                 elif parsed is not None:

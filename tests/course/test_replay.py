@@ -449,3 +449,44 @@ def test_a_python_decision_on_a_differentiated_value_is_said_as_such():
     staged = worker.record_job([item], lambda ex_id: (branching, None))["3.2"]
     assert all(c["status"] == "raised" and c["message"].startswith(worker.TRACED_DERIVATIVE)
                for c in staged["cases"]), staged["cases"][0]
+
+
+def test_a_job_that_seals_its_own_values_for_a_traced_exercise_gets_no_value():
+    """Red team 19: a job that found its seal through frames wrote its own "ok" results (the
+    mistake's nan made 0): for an exercise an evaluation job evaluates, a job's results are
+    failures only.  (An exercise not traced, 5.5, reports its values from the job.)"""
+    from attn_course.watch import sealer
+
+    key = "0" * 32
+    seal = sealer(key)
+    line = seal(json.dumps({"id": "3.2", "results": [values.encode({"status": "ok", "value": {"H": np.zeros(3)}}),
+                                                     {"status": "raised", "type": "ValueError", "message": "no"}]}))
+    kind, ex_id, outcomes = _parse(line, {"3.2": 2}, key, frozenset({"3.2"}))
+    assert (kind, ex_id) == ("result", "3.2")
+    assert [o.status for o in outcomes] == ["bad_value", "raised"]
+    kind, _, outcomes = _parse(line, {"3.2": 2}, key, frozenset())  # (not traced: its values are the job's)
+    assert [o.status for o in outcomes] == ["ok", "raised"]
+
+
+def test_data_nested_beyond_the_limit_is_unreadable():
+    deep: object = "*"
+    for _ in range(600):
+        deep = {"t": [deep]}
+    staged = {"programs": {"version": 1, "jaxprs": [], "consts": []},
+              "cases": [{"status": "staged", "calls": [{"out": deep}]}]}
+    found = _staged({"id": "3.2", "staged": staged}, 1)
+    assert isinstance(found, list) and found[0].status == "bad_value"
+
+
+def test_the_evaluation_cache_keeps_neither_a_large_entry_nor_more_than_its_bytes(monkeypatch):
+    from attn_course.runner import Evaluated
+
+    cache = Evaluated()
+    monkeypatch.setattr(Evaluated, "MAX_BYTES", 3 << 20)
+    big = [Outcome("ok", {"x": np.zeros((1 << 20) // 8 + 1)})]
+    cache.put("big", big)
+    assert cache.get("big") is None
+    small = [Outcome("ok", {"x": np.zeros((1 << 20) // 8 - 100)})]
+    for k in range(5):
+        cache.put(f"k{k}", small)
+    assert [cache.get(f"k{k}") is not None for k in range(5)] == [False, False, True, True, True]
