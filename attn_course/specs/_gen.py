@@ -16,6 +16,7 @@ student's package, and a probe must not depend on what it contains.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -23,7 +24,11 @@ import numpy as np
 from ..values import NotPlainValue
 
 
-_STAGING = [False]
+_STAGING = threading.local()  # (this thread's: the trusted side computes reference values in other threads)
+
+
+def _staging_now() -> bool:
+    return getattr(_STAGING, "on", False)
 
 
 @contextlib.contextmanager
@@ -32,12 +37,12 @@ def staging() -> Iterator[None]:
     each helper below traces the function with the arguments it would differentiate abstract,
     as ``jax.vjp`` has them, and returns zeros of the value's and the derivative's shapes; the
     derivative is taken where the trace is replayed, by a process that never ran the submission."""
-    before = _STAGING[0]
-    _STAGING[0] = True
+    before = _staging_now()
+    _STAGING.on = True
     try:
         yield
     finally:
-        _STAGING[0] = before
+        _STAGING.on = before
 
 
 def _staged(f: Callable, args: tuple, argnums: int | tuple[int, ...]) -> tuple[Any, Any]:
@@ -97,7 +102,7 @@ def grad(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
             return mx.grad(f, argnums=argnums)(*args)
         import jax
 
-        if _STAGING[0]:
+        if _staging_now():
             return _staged(f, args, argnums)[1]
 
         return jax.grad(f, argnums=argnums)(*args)
@@ -123,7 +128,7 @@ def value_and_grad_aux(f: Callable, argnums: int | tuple[int, ...] = 0) -> Calla
             return aux, d
         import jax
 
-        if _STAGING[0]:
+        if _staging_now():
             (_, aux), d = _staged(f, args, argnums)
             return aux, d
 
@@ -146,7 +151,7 @@ def value_and_grads(f: Callable, x: Any, losses: list[Callable]) -> tuple[Any, l
         return f(x), [mx.grad(lambda x, loss=loss: loss(f(x)))(x) for loss in losses]
     import jax
 
-    if _STAGING[0]:
+    if _staging_now():
         out, d = _staged(f, (x,), 0)
         return out, [d] * len(losses)
 
@@ -168,7 +173,7 @@ def value_and_grad_of(g: Callable, x: Any, loss: Callable) -> tuple[Any, Any]:
     differentiated as part of ``loss(g(x))`` instead, whatever that makes
     of it, as on MLX (:func:`value_and_grad_aux`).
     """
-    if not _is_mlx(x) and _STAGING[0]:
+    if not _is_mlx(x) and _staging_now():
         return _staged(g, (x,), 0)
     if not _is_mlx(x):
         import jax

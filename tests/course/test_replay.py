@@ -490,3 +490,29 @@ def test_the_evaluation_cache_keeps_neither_a_large_entry_nor_more_than_its_byte
     for k in range(5):
         cache.put(f"k{k}", small)
     assert [cache.get(f"k{k}") is not None for k in range(5)] == [False, False, True, True, True]
+
+
+def test_staging_is_one_threads_own():
+    """The trusted side traces the reference for the workers' cache (staged) while other threads may
+    compute expected values (differentiated): staging in one thread leaves the others' derivatives."""
+    import threading
+
+    from attn_course.specs import _gen
+
+    seen = []
+    inside, done = threading.Event(), threading.Event()
+
+    def staged():
+        with _gen.staging():
+            inside.set()
+            done.wait(10)
+
+    t = threading.Thread(target=staged)
+    t.start()
+    inside.wait(10)
+    try:
+        seen.append(_gen.grad(lambda x: jnp.sum(x * x))(jnp.arange(3.0)))
+    finally:
+        done.set()
+        t.join()
+    np.testing.assert_array_equal(seen[0], 2 * np.arange(3.0))
