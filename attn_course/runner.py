@@ -83,6 +83,12 @@ class Staged:
     def recorded(self) -> list[int]:
         return [i for i, o in enumerate(self.outcomes) if o is None]
 
+    def evaluation(self, ex_id: str, cases: list[Case]) -> dict:
+        """This exercise in an evaluation job (:func:`attn_course.worker.evaluate_job_records`)."""
+        return {"id": ex_id, "cases": [{"name": cases[i].name, "inputs": values.encode(cases[i].inputs)}
+                                       for i in self.recorded],
+                "staged": {"programs": self.programs, "cases": self.records}}
+
     def merged(self, evaluated: list[Outcome]) -> list[Outcome]:
         """Every case's outcome: the evaluation job's for the recorded cases (one for all of them
         where it failed as a whole), the job's own for the others."""
@@ -377,11 +383,7 @@ def run_worker(server: WorkerServer, files: dict[str, str], items: list[tuple[Ex
             break
         if evaluating:
             job = {"files": {}, "cpu_s": limits.cpu_s, "evaluate": True, "warm": False,
-                   "exercises": [{"id": ex.id,
-                                  "cases": [{"name": cases[i].name, "inputs": values.encode(cases[i].inputs)}
-                                            for i in staged[ex.id].recorded],
-                                  "staged": {"programs": staged[ex.id].programs, "cases": staged[ex.id].records}}
-                                 for ex, cases in batch]}
+                   "exercises": [staged[ex.id].evaluation(ex.id, cases) for ex, cases in batch]}
         else:
             job = {"files": files, "cpu_s": limits.cpu_s,
                    "exercises": [{"id": ex.id, "cases": [{"name": c.name, "inputs": values.encode(c.inputs),
@@ -629,11 +631,14 @@ def fill_worker_cache(items: list[tuple[Exercise, list[Case]]]) -> None:
     loads it instead of compiling it.  Done once per class and set of cases
     (:mod:`attn_course.result_cache` remembers it); the results are not used.
     """
+    import io
+
     import jax
 
     jax.config.update("jax_enable_x64", True)
     from . import result_cache
-    from .worker import JobItem, as_graded, evaluate_staged, record_job, resolve
+    from .registry import all_exercises
+    from .worker import JobItem, as_graded, evaluate_job_records, record_job, resolve
     from .xla_cache import compile_cache, worker_cache_dir, worker_keys
 
     def compute() -> list:
@@ -642,19 +647,16 @@ def fill_worker_cache(items: list[tuple[Exercise, list[Case]]]) -> None:
         functions = {ex.id: ex.function for ex, _ in items}
         with compile_cache(worker_cache_dir()), worker_keys():
             # as a job traces it (an exercise not traced is compiled there), then as its evaluation job
-            # evaluates what it traced (worker.evaluate_job_records)
+            # evaluates what it traced, from what the job's lines carry
             staged = record_job(job, lambda ex_id: (as_graded(resolve(functions[ex_id])), None))
-            recorded, data = [], {}
-            for it in job:
-                found = json.loads(json.dumps(staged[it.id]))  # (as the lines carry it)
-                cases = found.get("cases") or []
-                kept = [i for i, c in enumerate(cases) if c.get("status") == "staged"]
-                if "results" in found or not kept:
-                    continue
-                recorded.append(JobItem(it.id, it.probe, [it.inputs[i] for i in kept], [False] * len(kept)))
-                data[it.id] = {"programs": found["programs"], "cases": [cases[i] for i in kept]}
-            if recorded:
-                evaluate_staged(recorded, data)
+            evaluation = []
+            for ex, cases in items:
+                if "cases" in staged[ex.id] and staged[ex.id]["programs"] is not None:
+                    found = _staged({"staged": json.loads(json.dumps(staged[ex.id]))}, len(cases))
+                    if isinstance(found, Staged):
+                        evaluation.append(found.evaluation(ex.id, cases))
+            if evaluation:
+                evaluate_job_records({"exercises": evaluation}, all_exercises(), io.StringIO())
         return []
 
     parts = _worker_cache_identity() + [[ex.id, ex.function, result_cache.cases_digest(cases)] for ex, cases in items]

@@ -516,3 +516,18 @@ def test_staging_is_one_threads_own():
         done.set()
         t.join()
     np.testing.assert_array_equal(seen[0], 2 * np.arange(3.0))
+
+
+def test_the_workers_cache_is_filled_for_a_chapter_with_an_exercise_not_traced(tmp_path, monkeypatch):
+    """5.5 reports its values from the job (NumPy arrays): the cache's filling traced the others,
+    and took the job's data as its lines carry it -- a JSON copy of 5.5's arrays failed, and
+    grading chapter 5 with it."""
+    from attn_course.runner import fill_worker_cache
+
+    monkeypatch.setenv("ATTN_COURSE_CACHE", str(tmp_path / "xla"))
+    monkeypatch.delenv("ATTN_COURSE_RESULT_CACHE", raising=False)
+    ex = all_exercises()
+    fill_worker_cache([(ex["5.1"], ex["5.1"].make_cases(False)), (ex["5.5"], ex["5.5"].make_cases(False))])
+    filled = tmp_path / "worker-xla"
+    filled.chmod(0o755)
+    assert any(filled.iterdir())  # (the evaluation of 5.1's program compiled into it)
