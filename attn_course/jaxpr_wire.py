@@ -84,14 +84,7 @@ def _classes() -> dict[str, type]:
     return found
 
 
-_CLASSES: dict[str, type] | None = None
-
-
-def classes() -> dict[str, type]:
-    global _CLASSES
-    if _CLASSES is None:
-        _CLASSES = _classes()
-    return _CLASSES
+classes = functools.cache(_classes)
 
 
 # -- encoding (in the job) -------------------------------------------------------------------------
@@ -297,7 +290,7 @@ class Encoder:
         self._in_rule += 1
         try:
             fwd_jaxpr, fwd_consts = p["fwd_jaxpr_thunk"].call_wrapped(*([True] * n))
-            out_tree, res_tree, fwds = p["out_trees"]()
+            fwds = p["out_trees"]()[2]  # (which residuals are inputs passed on)
             fwds = [None if f is None else int(f) for f in fwds]
             n_res_out = sum(f is None for f in fwds)
             outs = [v.aval for v in fwd_jaxpr.outvars]
@@ -340,7 +333,6 @@ def _as_closed(j: Any) -> Any:
 
 # -- decoding and evaluation (in a process that never ran the submission's code) ------------------
 
-_PRIMITIVES: dict[str, Any] | None = None
 # jax.lax's primitives that act on the world, not on arrays: never bound from data
 REFUSED = frozenset({"infeed", "outfeed", "create_token", "after_all", "rng_uniform",
                      # collectives (no mesh here), and JAX's internal markers that lax's modules import
@@ -349,32 +341,31 @@ REFUSED = frozenset({"infeed", "outfeed", "create_token", "after_all", "rng_unif
                      "stage", "tie", "from_edtype", "to_edtype"})
 
 
+@functools.cache
 def primitives() -> dict[str, Any]:
-    """``jax.lax``'s primitives by name (those of its modules, and ``add_any``), less :data:`REFUSED`."""
-    global _PRIMITIVES
-    if _PRIMITIVES is None:
-        import importlib
-        import pkgutil
+    """``jax.lax``'s primitives by name (those of its modules, ``add_any`` and ``stop_gradient``),
+    less :data:`REFUSED`."""
+    import importlib
+    import pkgutil
 
-        from jax._src import ad_util, core
-        from jax._src import lax as lax_pkg
+    from jax._src import ad_util, core
+    from jax._src import lax as lax_pkg
 
-        found: dict[str, Any] = {}
-        names = [m.name for m in pkgutil.walk_packages(lax_pkg.__path__, lax_pkg.__name__ + ".")]
-        for modname in [lax_pkg.__name__] + names:
-            if modname.split(".")[-1] in ("parallel",) or ".parallel" in modname:
-                continue  # (collectives: no mesh here)
-            try:
-                mod = importlib.import_module(modname)
-            except Exception:  # noqa: BLE001 - a module this JAX cannot import on this machine
-                continue
-            for value in vars(mod).values():
-                if isinstance(value, core.Primitive) and value.name not in REFUSED:
-                    found.setdefault(value.name, value)
-        found["add_any"] = ad_util.add_jaxvals_p
-        found["stop_gradient"] = ad_util.stop_gradient_p
-        _PRIMITIVES = found
-    return _PRIMITIVES
+    found: dict[str, Any] = {}
+    names = [m.name for m in pkgutil.walk_packages(lax_pkg.__path__, lax_pkg.__name__ + ".")]
+    for modname in [lax_pkg.__name__] + names:
+        if ".parallel" in modname:
+            continue  # (collectives: no mesh here)
+        try:
+            mod = importlib.import_module(modname)
+        except Exception:  # noqa: BLE001 - a module this JAX cannot import on this machine
+            continue
+        for value in vars(mod).values():
+            if isinstance(value, core.Primitive) and value.name not in REFUSED:
+                found.setdefault(value.name, value)
+    found["add_any"] = ad_util.add_jaxvals_p
+    found["stop_gradient"] = ad_util.stop_gradient_p
+    return found
 
 
 def _decode_value(v: Any) -> Any:
@@ -606,7 +597,6 @@ class Program:
                                     f"{dtype}{list(shape)}")
                 if v >= 0:
                     env[v] = x
-        env.pop(-1, None)
         return [r[1] if type(r) is tuple else env[r] for r in out]
 
 

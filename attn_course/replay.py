@@ -196,7 +196,7 @@ class Recorder:
         return unflatten_tree(spec_box[0], [placeholder(a) for a in closed.out_avals])
 
     def _argument(self, i: int, function: Callable) -> Callable:
-        """A function the probe passes (4.2's metric field, 5.5's f) as the submission's code calls
+        """A function the probe passes (4.2's metric field, 9.5's feature map) as the submission's code calls
         it: each call one equation of the program, named for the argument, that the replay runs as
         a call of the probe's own function there (its body is the probe's, and so is what it counts)."""
         import jax
